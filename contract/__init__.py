@@ -1,0 +1,67 @@
+"""The pinned E2B contract: what the official clients send and expect, derived from them.
+
+Everything here is derived from four pinned registry artifacts (see
+``upstream.lock.json``), verified by digest every time they are used:
+
+- ``derived/*.openapi.json``: control plane, envd HTTP and volume content as OpenAPI 3.1;
+- ``derived/envd.descriptor-set.binpb`` and ``generated/``: envd's protobuf contract and
+  the message modules and Connect stubs generated from it;
+- ``derived/interpreter.json``: Code Interpreter routes and NDJSON message types;
+- ``derived/inventory.json``: every public operation with a stable id and SDK entry points;
+- ``manifest.json``: versions and digests of all of the above.
+
+Exceptions (see ``_errors``)::
+
+    ContractError
+    ├── LockFileError
+    ├── ArtifactError
+    │   ├── ArtifactFetchError
+    │   └── ArtifactDigestError
+    ├── ExtractionError
+    └── DriftError
+"""
+
+from __future__ import annotations
+
+from ._archive import ArtifactFiles
+from ._derive import CONTRACT_DIR, generate
+from ._drift import check, compare, write
+from ._errors import (
+    ArtifactDigestError,
+    ArtifactError,
+    ArtifactFetchError,
+    ContractError,
+    DriftError,
+    ExtractionError,
+    LockFileError,
+)
+from ._fetch import ArtifactStore, Downloader, NpmDownloader, PipDownloader, VerifiedArtifact, default_cache_root
+from ._inventory import Operation, load_inventory
+from ._lock import Artifact, Lock, load_lock
+
+__all__ = [
+    "CONTRACT_DIR",
+    "Artifact",
+    "ArtifactDigestError",
+    "ArtifactError",
+    "ArtifactFetchError",
+    "ArtifactFiles",
+    "ArtifactStore",
+    "ContractError",
+    "Downloader",
+    "DriftError",
+    "ExtractionError",
+    "Lock",
+    "LockFileError",
+    "NpmDownloader",
+    "Operation",
+    "PipDownloader",
+    "VerifiedArtifact",
+    "check",
+    "compare",
+    "default_cache_root",
+    "generate",
+    "load_inventory",
+    "load_lock",
+    "write",
+]

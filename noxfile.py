@@ -1,0 +1,61 @@
+"""Task entry points: ``nox -s tests``, ``nox -s lint``, ``nox -s contract``."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import nox
+
+HERE = Path(__file__).parent
+
+
+def _envdir() -> str:
+    """Session virtualenvs live in the cache, keyed by what decides their contents.
+
+    A fresh clone with the same ``pyproject.toml`` and ``noxfile.py`` reuses them, so a
+    second CI run does not reinstall the toolchain. The cache folder follows the same
+    rule as ``contract._fetch.default_cache_root`` (this file cannot import the project).
+    """
+    cache = Path(
+        os.environ.get("E2B_COMPAT_CACHE")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "e2b-compat"
+    )
+    key = hashlib.sha256((HERE / "pyproject.toml").read_bytes() + Path(__file__).read_bytes()).hexdigest()[:16]
+    return str(cache / "nox" / key)
+
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+nox.options.envdir = _envdir()
+
+PYTHON = "3.11"
+LINT_PATHS = ["contract", "conformance", "reference_server", "runtime", "e2b_compat", "tests", "noxfile.py"]
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """Run the test suite (pass pytest arguments after ``--``)."""
+    session.install("-e", ".[contract,dev]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff (lint and format check) and mypy --strict over the code, the tests and this file."""
+    session.install("-e", ".[contract,dev]")
+    session.run("ruff", "check", *LINT_PATHS)
+    session.run("ruff", "format", "--check", *LINT_PATHS)
+    session.run("mypy", *LINT_PATHS)
+
+
+@nox.session(python=PYTHON)
+def contract(session: nox.Session) -> None:
+    """Regenerate the contract from the pinned artifacts; fail with a diff on drift.
+
+    ``nox -s contract -- --write`` replaces the committed files instead.
+    """
+    session.install("-e", ".[contract]")
+    action = "generate" if "--write" in session.posargs else "check"
+    session.run("e2b-compat", "contract", action)
