@@ -31,7 +31,16 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.envdir = _envdir()
 
 PYTHON = "3.11"
-LINT_PATHS = ["contract", "conformance", "reference_server", "runtime", "e2b_compat", "tests", "noxfile.py"]
+LINT_PATHS = [
+    "contract",
+    "conformance",
+    "reference_server",
+    "runtime",
+    "e2b_compat",
+    "benchmarks",
+    "tests",
+    "noxfile.py",
+]
 
 
 @nox.session(python=PYTHON)
@@ -59,3 +68,13 @@ def contract(session: nox.Session) -> None:
     session.install("-e", ".[contract]")
     action = "generate" if "--write" in session.posargs else "check"
     session.run("e2b-compat", "contract", action)
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Benchmarks reported against floors measured in the same run, never asserted.
+
+    ``nox -s bench -- --iterations 500`` for more samples; results go to reports/bench/.
+    """
+    session.install("-e", ".[contract,dev]")
+    session.run("python", "-m", "benchmarks.agent", *session.posargs)

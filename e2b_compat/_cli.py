@@ -55,6 +55,14 @@ def _contract_inventory(args: argparse.Namespace) -> int:
     return 0
 
 
+def _agent(args: argparse.Namespace) -> int:
+    # Imported here so the contract commands do not load the server stack.
+    from runtime.agent._server import DEFAULT_HOSTS, serve  # noqa: PLC0415
+
+    serve(tuple(args.hosts or DEFAULT_HOSTS), args.port, default_user=args.default_user)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="e2b-compat", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -80,6 +88,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--surface", choices=["control-plane", "envd-http", "envd-rpc", "volume-content", "interpreter"]
     )
     inventory.set_defaults(func=_contract_inventory)
+
+    agent = groups.add_parser("agent", help="run the sandbox agent (our envd) in the foreground")
+    agent.add_argument(
+        "--host",
+        action="append",
+        dest="hosts",
+        metavar="ADDRESS",
+        help="address to listen on, repeatable (default 0.0.0.0; for the clients' debug mode on "
+        "this machine: --host 127.0.0.1 --host ::1)",
+    )
+    agent.add_argument("--port", type=int, default=49983)
+    agent.add_argument("--default-user", default=None, help="user for requests that name none (default root)")
+    agent.set_defaults(func=_agent)
     return parser
 
 

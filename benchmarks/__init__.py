@@ -1,0 +1,1 @@
+"""Benchmarks (``nox -s bench``): measured against a floor taken in the same run, never asserted."""

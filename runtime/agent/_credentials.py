@@ -1,0 +1,69 @@
+"""Run filesystem work with a user's file-system credentials, in a worker thread.
+
+The issue's rule is that permissions are enforced by doing the work *as the requesting
+user*, never by checking path strings. Linux keeps file-system credentials (fsuid, fsgid)
+and the supplementary group list per thread at the system-call level, so a worker thread
+switches them, does the work, and switches back: the kernel then checks permissions,
+follows symlinks and resolves ``..`` exactly as it would for that user, and files the
+thread creates belong to that user. glibc broadcasts ``setgroups`` to every thread of the
+process, so the raw system call is used for it. When the agent does not run as root it
+cannot switch, and everything runs with its own credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import platform
+from collections.abc import Callable
+from typing import TypeVar
+
+from ._users import User
+
+T = TypeVar("T")
+
+# Per-architecture system call numbers (not exported by Python's os module).
+_SYSCALLS = {
+    "x86_64": {"setgroups": 116, "setfsuid": 122, "setfsgid": 123},
+    "aarch64": {"setgroups": 159, "setfsuid": 151, "setfsgid": 152},
+}
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_numbers = _SYSCALLS.get(platform.machine())
+_PRIVILEGED = os.geteuid() == 0 and _numbers is not None
+_OWN_GROUPS = tuple(os.getgroups())
+
+
+def _syscall(name: str, *args: int | ctypes.Array[ctypes.c_uint]) -> int:
+    assert _numbers is not None
+    result: int = _libc.syscall(_numbers[name], *args)
+    return result
+
+
+def _set_thread_credentials(uid: int, gid: int, groups: tuple[int, ...]) -> None:
+    array = (ctypes.c_uint * max(len(groups), 1))(*groups)
+    if _syscall("setgroups", len(groups), array) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setgroups: {os.strerror(err)}")
+    # setfsuid/setfsgid return the previous value and cannot report failure; verify instead.
+    _syscall("setfsgid", gid)
+    _syscall("setfsuid", uid)
+    if _syscall("setfsuid", -1 & 0xFFFFFFFF) != uid:
+        raise OSError(1, f"could not switch file-system uid to {uid}")
+
+
+def run_as(user: User | None, fn: Callable[[], T]) -> T:
+    """Call ``fn`` in the current thread with ``user``'s file-system credentials."""
+    if user is None or not _PRIVILEGED or (user.uid == 0 and user.gid == 0):
+        return fn()
+    _set_thread_credentials(user.uid, user.gid, user.groups)
+    try:
+        return fn()
+    finally:
+        _set_thread_credentials(os.geteuid(), os.getegid(), _OWN_GROUPS)
+
+
+async def as_user(user: User | None, fn: Callable[[], T]) -> T:
+    """Run blocking filesystem work as ``user`` in a worker thread."""
+    return await asyncio.to_thread(run_as, user, fn)

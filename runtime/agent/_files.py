@@ -1,0 +1,475 @@
+"""``GET /files`` and ``POST /files`` (ENVD.md §4.5, §4.6), streamed both ways.
+
+Bodies never sit in memory whole: uploads are written part by part as they arrive (raw,
+gzip or multipart), downloads are read from the open file in chunks. Files are opened with
+the requesting user's credentials (``run_as``), so the kernel decides what that user may
+read or write; once open, the descriptor is used from the event loop directly. Switching
+credentials synchronously in the loop thread is safe: nothing else runs on that thread
+until the switch is undone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import errno
+import hashlib
+import hmac
+import json
+import mimetypes
+import os
+import stat
+import time
+import urllib.parse
+import zlib
+from collections.abc import AsyncIterator
+from email.utils import formatdate
+from typing import TYPE_CHECKING, Any
+
+from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from ._credentials import run_as
+
+if TYPE_CHECKING:  # the callbacks' TypedDict exists for type checkers only
+    from python_multipart.multipart import MultipartCallbacks
+from ._filesystem import METADATA_PREFIX, read_metadata
+from ._paths import PathError, ensure_parents, resolve
+from ._state import AgentState, UserError
+from ._users import User
+
+CHUNK = 64 * 1024
+_METADATA_HEADER = "x-metadata-"
+_MAX_KEY = 246
+_MAX_METADATA = 4096
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str, *, plain: bool = False) -> None:
+        self.status = status
+        self.message = message
+        self.plain = plain
+        super().__init__(message)
+
+
+def error_response(status: int, message: str) -> Response:
+    body = json.dumps({"code": status, "message": message}) + "\n"
+    return Response(
+        body, status, media_type="application/json; charset=utf-8", headers={"X-Content-Type-Options": "nosniff"}
+    )
+
+
+def _respond(exc: HttpError) -> Response:
+    if exc.plain:
+        return Response(exc.message, exc.status, media_type="text/plain; charset=utf-8")
+    return error_response(exc.status, exc.message)
+
+
+# -- signatures ---------------------------------------------------------------
+
+
+def signature(path: str, operation: str, username: str, token: str, expiration: int | None) -> str:
+    raw = f"{path}:{operation}:{username}:{token}"
+    if expiration is not None:
+        raw += f":{expiration}"
+    return "v1_" + base64.b64encode(hashlib.sha256(raw.encode()).digest()).decode().rstrip("=")
+
+
+def check_signature(state: AgentState, request: Request, operation: str) -> None:
+    """Token or signed URL, checked only while an access token is set (§2.2)."""
+    if state.access_token is None:
+        return
+    presented = request.headers.get("x-access-token")
+    if presented:
+        if not state.token_matches(presented):
+            raise HttpError(401, "access token present in header but does not match")
+        return
+    query = request.query_params
+    given = query.get("signature")
+    if given is None:
+        raise HttpError(401, "missing signature query parameter")
+    raw_expiration = query.get("signature_expiration")
+    expiration = None
+    if raw_expiration is not None:
+        try:
+            expiration = int(raw_expiration)
+        except ValueError:
+            raise HttpError(
+                400,
+                f"Invalid format for parameter signature_expiration: {raw_expiration!r} is not an integer",
+                plain=True,
+            ) from None
+    expected = signature(query.get("path", ""), operation, query.get("username", ""), state.access_token, expiration)
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise HttpError(401, "invalid signature")
+    if expiration is not None and expiration < int(time.time()):
+        raise HttpError(401, "signature is already expired")
+
+
+def _user_and_path(state: AgentState, request: Request) -> tuple[User, str]:
+    try:
+        user = state.user_by_name(request.query_params.get("username"))
+    except UserError as exc:
+        raise HttpError(401, str(exc)) from None
+    try:
+        return user, resolve(request.query_params.get("path", ""), user, state.default_workdir)
+    except PathError as exc:
+        raise HttpError(400, str(exc)) from None
+
+
+# -- download -------------------------------------------------------------------
+
+
+def choose_encoding(accept: str | None) -> str | None:
+    """``identity`` or ``gzip`` per ``Accept-Encoding``; None when nothing acceptable (406)."""
+    if not accept:
+        return "identity"
+    entries: list[tuple[float, int, str]] = []
+    for index, item in enumerate(accept.split(",")):
+        name, _, params = item.strip().partition(";")
+        q = 1.0
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        entries.append((q, index, name.strip().lower()))
+    rejected = {name for q, _, name in entries if q == 0}
+    identity_rejected = "identity" in rejected or (
+        "*" in rejected and not any(n == "identity" and q > 0 for q, _, n in entries)
+    )
+    for q, _, name in sorted(entries, key=lambda e: (-e[0], e[1])):
+        if q == 0:
+            continue
+        if name == "identity":
+            return "identity"
+        if name == "gzip":
+            return "gzip"
+        if name == "*":
+            return "gzip" if identity_rejected else "identity"
+    return None if identity_rejected else "identity"
+
+
+def _content_disposition(filename: str) -> str:
+    if filename.isascii() and filename.isprintable():
+        if all(c.isalnum() or c in "!#$%&'*+-.^_`|~" for c in filename):
+            return f"inline; filename={filename}"
+        escaped = filename.replace("\\", "\\\\").replace('"', '\\"')
+        return f'inline; filename="{escaped}"'
+    return "inline; filename*=utf-8''" + urllib.parse.quote(filename, safe="")
+
+
+async def _read_chunks(fd: int) -> AsyncIterator[bytes]:
+    try:
+        while chunk := os.read(fd, CHUNK):
+            yield chunk
+    finally:
+        os.close(fd)
+
+
+async def _gzip_chunks(fd: int) -> AsyncIterator[bytes]:
+    # Level 1: most of the size gain for text at a fraction of the time. Deflate runs in a
+    # worker thread because incompressible data costs ~35 ms per MiB and would stall the loop.
+    compressor = zlib.compressobj(1, zlib.DEFLATED, 31)
+    async for chunk in _read_chunks(fd):
+        if out := await asyncio.to_thread(compressor.compress, chunk):
+            yield out
+    yield compressor.flush()
+
+
+async def download(request: Request) -> Response:
+    state: AgentState = request.app.state.agent
+    try:
+        check_signature(state, request, "read")
+        user, path = _user_and_path(state, request)
+
+        def open_for_reading() -> tuple[int, os.stat_result]:
+            info = os.stat(path)
+            if stat.S_ISDIR(info.st_mode):
+                raise IsADirectoryError(path)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            return fd, os.fstat(fd)
+
+        try:
+            fd, info = run_as(user, open_for_reading)
+        except FileNotFoundError:
+            raise HttpError(404, f"path '{path}' does not exist") from None
+        except IsADirectoryError:
+            raise HttpError(400, f"path '{path}' is a directory") from None
+        except PermissionError as exc:
+            raise HttpError(403, f"error opening file '{path}': {exc.strerror}") from None
+        except OSError as exc:
+            raise HttpError(500, f"error opening file '{path}': {exc.strerror}") from None
+    except HttpError as exc:
+        return _respond(exc)
+    encoding = choose_encoding(request.headers.get("accept-encoding"))
+    if encoding is None:
+        os.close(fd)
+        return error_response(406, "error parsing Accept-Encoding: no acceptable encoding found, supported: [gzip]")
+    media_type, _ = mimetypes.guess_type(request.query_params.get("path", "") or path)
+    if media_type is None:
+        media_type = "application/octet-stream"
+    elif media_type.startswith("text/"):
+        media_type += "; charset=utf-8"
+    headers = {"Content-Disposition": _content_disposition(os.path.basename(path)), "Vary": "Accept-Encoding"}
+    if encoding == "gzip":
+        headers["Content-Encoding"] = "gzip"
+        return StreamingResponse(_gzip_chunks(fd), 200, headers=headers, media_type=media_type)
+    headers["Content-Length"] = str(info.st_size)
+    headers["Last-Modified"] = formatdate(info.st_mtime, usegmt=True)
+    return StreamingResponse(_read_chunks(fd), 200, headers=headers, media_type=media_type)
+
+
+# -- upload -------------------------------------------------------------------------
+
+
+def parse_metadata(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """``X-Metadata-<key>: <value>`` headers (first value per key wins) → validated map."""
+    metadata: dict[str, str] = {}
+    for raw_name, raw_value in headers:
+        name = raw_name.decode("latin-1").lower()
+        if not name.startswith(_METADATA_HEADER):
+            continue
+        key = name[len(_METADATA_HEADER) :]
+        if not key or key in metadata:
+            continue
+        value = raw_value.decode("latin-1")
+        if len(key.encode()) > _MAX_KEY:
+            raise HttpError(400, f"invalid metadata: key {key[:32]!r}… is longer than {_MAX_KEY} bytes")
+        for text in (key, value):
+            if any(not 0x20 <= ord(c) <= 0x7E for c in text):
+                raise HttpError(400, "invalid metadata: keys and values must be printable ASCII")
+        metadata[key] = value
+    if sum(9 + len(k) + len(v) for k, v in metadata.items()) > _MAX_METADATA:
+        raise HttpError(400, f"invalid metadata: total size exceeds {_MAX_METADATA} bytes")
+    return metadata
+
+
+class FileSink:
+    """One file being written: opened as the user, filled from the event loop, then tagged."""
+
+    def __init__(self, path: str, user: User, metadata: dict[str, str]) -> None:
+        self.path = path
+        self.user = user
+        self.metadata = metadata
+        self.written = 0
+
+        def open_for_writing() -> int:
+            ensure_parents(path)
+            try:
+                if stat.S_ISDIR(os.stat(path).st_mode):
+                    raise IsADirectoryError(path)
+            except FileNotFoundError:
+                pass
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+
+        try:
+            self.fd: int | None = run_as(user, open_for_writing)
+        except IsADirectoryError:
+            raise HttpError(400, f"path is a directory: {path}") from None
+        except NotADirectoryError as exc:
+            raise HttpError(500, f"error ensuring directories: {exc}") from None
+        except PermissionError as exc:
+            raise HttpError(403, f"error opening file '{path}': {exc.strerror}") from None
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise HttpError(507, f"not enough inodes available: {exc.strerror}") from None
+            raise HttpError(500, f"error opening file '{path}': {exc.strerror}") from None
+
+    def write(self, data: bytes | memoryview) -> None:
+        assert self.fd is not None
+        view = memoryview(data)
+        try:
+            while view:
+                count = os.write(self.fd, view)
+                view = view[count:]
+                self.written += count
+        except OSError as exc:
+            self.abort()
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise HttpError(507, "not enough disk space available") from None
+            raise HttpError(500, f"error writing file: {exc.strerror}") from None
+
+    def abort(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def finish(self) -> dict[str, Any]:
+        self.abort()
+
+        def tag() -> dict[str, str]:
+            try:
+                for name in os.listxattr(self.path):
+                    if name.startswith(METADATA_PREFIX):
+                        os.removexattr(self.path, name)
+                for key, value in self.metadata.items():
+                    os.setxattr(self.path, METADATA_PREFIX + key, value.encode())
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise HttpError(507, f"not enough space for metadata: {exc.strerror}") from None
+                if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                    raise HttpError(500, f"error writing metadata: {exc.strerror}") from None
+            return read_metadata(self.path)
+
+        stored = run_as(self.user, tag)
+        result: dict[str, Any] = {"name": os.path.basename(self.path), "path": self.path, "type": "file"}
+        if stored:
+            result["metadata"] = stored
+        return result
+
+
+async def _body(request: Request) -> AsyncIterator[bytes]:
+    """The request body, gunzipped as it streams when ``Content-Encoding: gzip``."""
+    encoding = request.headers.get("content-encoding", "").split(";")[0].strip().lower()
+    if encoding in ("", "identity"):
+        async for chunk in request.stream():
+            yield chunk
+        return
+    if encoding != "gzip":
+        raise HttpError(
+            400, f"error decompressing request body: unsupported Content-Encoding: {encoding}, supported: [gzip]"
+        )
+    decompressor = zlib.decompressobj(31)
+    first = True
+    async for chunk in request.stream():
+        try:
+            out = decompressor.decompress(chunk)
+        except zlib.error as exc:
+            raise HttpError(400 if first else 500, f"error decompressing request body: {exc}") from None
+        first = False
+        if out:
+            yield out
+    if not decompressor.eof:
+        raise HttpError(500, "error writing file: unexpected EOF in gzip stream")
+
+
+class _MultipartUpload:
+    """Callbacks for python-multipart: each ``file`` part streams into its own FileSink."""
+
+    def __init__(self, state: AgentState, user: User, path_param: str | None, metadata: dict[str, str]) -> None:
+        self.state = state
+        self.user = user
+        self.path_param = path_param
+        self.metadata = metadata
+        self.results: list[dict[str, Any]] = []
+        self.sink: FileSink | None = None
+        self.seen: set[str] = set()
+        self._headers: dict[bytes, bytes] = {}
+        self._field = b""
+        self._value = b""
+
+    def callbacks(self) -> MultipartCallbacks:
+        return {
+            "on_part_begin": self._part_begin,
+            "on_header_field": lambda data, start, end: self._grow("_field", data[start:end]),
+            "on_header_value": lambda data, start, end: self._grow("_value", data[start:end]),
+            "on_header_end": self._header_end,
+            "on_headers_finished": self._headers_finished,
+            "on_part_data": self._part_data,
+            "on_part_end": self._part_end,
+        }
+
+    def _grow(self, attr: str, data: bytes) -> None:
+        setattr(self, attr, getattr(self, attr) + data)
+
+    def _part_begin(self) -> None:
+        self._headers = {}
+        self.sink = None
+
+    def _header_end(self) -> None:
+        self._headers[self._field.strip().lower()] = self._value.strip()
+        self._field = self._value = b""
+
+    def _headers_finished(self) -> None:
+        _, options = parse_options_header(self._headers.get(b"content-disposition", b""))
+        if options.get(b"name") != b"file":
+            return
+        filename = options.get(b"filename")
+        raw = (
+            self.path_param
+            if self.path_param is not None
+            else (filename.decode("utf-8", "surrogateescape") if filename is not None else None)
+        )
+        if raw is None:
+            raise HttpError(400, "file part has no filename and no path parameter was given")
+        try:
+            target = resolve(raw, self.user, self.state.default_workdir)
+        except PathError as exc:
+            raise HttpError(400, str(exc)) from None
+        if target in self.seen:
+            done = ", ".join(r["path"] for r in self.results)
+            raise HttpError(
+                400,
+                f"you cannot upload multiple files to the same path '{target}' in one upload "
+                f"request, only the first specified file was uploaded (uploaded: {done})",
+            )
+        self.seen.add(target)
+        self.sink = FileSink(target, self.user, self.metadata)
+
+    def _part_data(self, data: bytes, start: int, end: int) -> None:
+        if self.sink is not None:
+            self.sink.write(memoryview(data)[start:end])
+
+    def _part_end(self) -> None:
+        if self.sink is not None:
+            self.results.append(self.sink.finish())
+            self.sink = None
+
+
+async def upload(request: Request) -> Response:
+    state: AgentState = request.app.state.agent
+    sink: FileSink | None = None
+    multipart: _MultipartUpload | None = None
+    try:
+        check_signature(state, request, "write")
+        body = _body(request)
+        try:
+            user = state.user_by_name(request.query_params.get("username"))
+        except UserError as exc:
+            raise HttpError(401, str(exc)) from None
+        metadata = parse_metadata(request.scope["headers"])
+        content_type, options = parse_options_header(request.headers.get("content-type", ""))
+        path_param = request.query_params.get("path")
+        if content_type == b"application/octet-stream":
+            if not path_param:
+                raise HttpError(400, "path query parameter is required for raw body upload")
+            try:
+                target = resolve(path_param, user, state.default_workdir)
+            except PathError as exc:
+                raise HttpError(400, str(exc)) from None
+            sink = FileSink(target, user, metadata)
+            async for chunk in body:
+                sink.write(chunk)
+            result = [sink.finish()]
+        elif content_type.startswith(b"multipart/"):
+            boundary = options.get(b"boundary")
+            if content_type not in (b"multipart/form-data", b"multipart/mixed") or not boundary:
+                raise HttpError(500, "error parsing multipart form: no multipart boundary param in Content-Type")
+            multipart = _MultipartUpload(state, user, path_param, metadata)
+            parser = MultipartParser(boundary, multipart.callbacks())
+            async for chunk in body:
+                parser.write(chunk)
+            parser.finalize()
+            if parser.state != MultipartState.END:
+                raise HttpError(400, "error parsing multipart form: unexpected EOF before the closing boundary")
+            result = multipart.results
+        else:
+            shown = content_type.decode("latin-1") or "<none>"
+            raise HttpError(
+                400, f"unsupported content type: {shown}, expected multipart/form-data or application/octet-stream"
+            )
+    except HttpError as exc:
+        for open_sink in (sink, multipart.sink if multipart else None):
+            if open_sink is not None:
+                open_sink.abort()
+        return _respond(exc)
+    except Exception as exc:  # noqa: BLE001 - a malformed body must give an answer, not kill the request
+        for open_sink in (sink, multipart.sink if multipart else None):
+            if open_sink is not None:
+                open_sink.abort()
+        return error_response(400, f"error parsing request body: {exc}")
+    return Response(json.dumps(result), 200, media_type="application/json")

@@ -1,0 +1,248 @@
+"""Filesystem operations behind ``filesystem.Filesystem`` (ENVD.md §6).
+
+Every function here is blocking and is meant to run through ``_credentials.as_user`` so the
+kernel checks permissions as the requesting user. They return protobuf ``EntryInfo``
+messages because that is the only shape the callers need.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from contract.generated.filesystem import filesystem_pb2 as pb
+
+from ._paths import ensure_parents
+from ._users import UserDatabase
+
+METADATA_PREFIX = "user.e2b."
+
+# Go's FileMode letters, in the order envd prints them, for the bits Linux has.
+_SPECIAL: tuple[tuple[str, Callable[[int], bool]], ...] = (
+    ("d", stat.S_ISDIR),
+    ("L", stat.S_ISLNK),
+    ("D", lambda m: stat.S_ISBLK(m) or stat.S_ISCHR(m)),
+    ("p", stat.S_ISFIFO),
+    ("S", stat.S_ISSOCK),
+    ("u", lambda m: bool(m & stat.S_ISUID)),
+    ("g", lambda m: bool(m & stat.S_ISGID)),
+    ("c", stat.S_ISCHR),
+    ("t", lambda m: bool(m & stat.S_ISVTX)),
+)
+
+
+@dataclass(frozen=True)
+class FsError(Exception):
+    kind: str  # not_found, already_exists, invalid_argument, failed_precondition, internal
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def wire_text(name: str) -> str:
+    """A file name as a protobuf string: bytes that are not UTF-8 become U+FFFD.
+
+    Linux names are bytes; protobuf strings must be UTF-8. The agent reports such names
+    lossily rather than failing the whole listing or watch.
+    """
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def permissions(mode: int) -> str:
+    prefix = "".join(letter for letter, test in _SPECIAL if test(mode)) or "-"
+    bits = "".join(ch if mode & (1 << (8 - i)) else "-" for i, ch in enumerate("rwxrwxrwx"))
+    return prefix + bits
+
+
+def read_metadata(path: str) -> dict[str, str]:
+    """The ``user.e2b.*`` extended attributes (through symlinks), without the prefix."""
+    out: dict[str, str] = {}
+    try:
+        names = os.listxattr(path)
+    except OSError:
+        return out
+    for name in names:
+        if not name.startswith(METADATA_PREFIX):
+            continue
+        try:
+            value = os.getxattr(path, name).decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        out[name[len(METADATA_PREFIX) :]] = value
+    return out
+
+
+def entry_info(path: str, users: UserDatabase, listed_path: str | None = None) -> pb.EntryInfo:
+    """EntryInfo from ``lstat(path)``; a symlink reports its fully resolved target's type and mode."""
+    info = os.lstat(path)
+    entry = pb.EntryInfo(
+        name=wire_text(os.path.basename(path.rstrip("/")) or "/"),
+        path=wire_text(listed_path if listed_path is not None else path),
+        size=info.st_size,
+        permissions=permissions(info.st_mode),
+        owner=wire_text(users.user_name(info.st_uid)),
+        group=wire_text(users.group_name(info.st_gid)),
+    )
+    if info.st_mtime_ns:
+        stamp = Timestamp()
+        stamp.FromNanoseconds(info.st_mtime_ns)
+        entry.modified_time.CopyFrom(stamp)
+    target_mode: int | None = info.st_mode
+    if stat.S_ISLNK(info.st_mode):
+        try:
+            resolved = os.path.realpath(path, strict=True)
+            target_mode = os.stat(resolved).st_mode
+            entry.symlink_target = wire_text(resolved)
+        except (OSError, RuntimeError):
+            entry.symlink_target = wire_text(path)  # dangling or looping: type UNSPECIFIED, mode 0
+            target_mode = None
+    if target_mode is not None:
+        if stat.S_ISREG(target_mode):
+            entry.type = pb.FILE_TYPE_FILE
+        elif stat.S_ISDIR(target_mode):
+            entry.type = pb.FILE_TYPE_DIRECTORY
+        entry.mode = target_mode & 0o777
+    for key, value in read_metadata(path).items():
+        entry.metadata[key] = value
+    return entry
+
+
+def stat_entry(path: str, users: UserDatabase) -> pb.EntryInfo:
+    try:
+        return entry_info(path, users)
+    except FileNotFoundError:
+        raise FsError("not_found", f"file not found: lstat {path}: no such file or directory") from None
+    except OSError as exc:
+        raise FsError("internal", f"error getting file info: {exc}") from None
+
+
+def list_dir(requested: str, resolved: str, depth: int, users: UserDatabase) -> list[pb.EntryInfo]:
+    """Depth-first pre-order, entries sorted by name bytes; symlinks listed, never descended."""
+    depth = max(depth, 1)
+    try:
+        root = os.path.realpath(resolved, strict=True) if os.path.islink(resolved) else resolved
+        if not os.path.isdir(root):
+            if not os.path.lexists(root):
+                raise FsError("not_found", f"directory not found: {resolved}")
+            raise FsError("invalid_argument", f"path is not a directory: {resolved}")
+    except RuntimeError:
+        raise FsError("failed_precondition", f"cyclic symlink or chain >255 links at {resolved}") from None
+    except FileNotFoundError:
+        raise FsError("not_found", f"directory not found: {resolved}") from None
+    out: list[pb.EntryInfo] = []
+
+    def walk(real_dir: str, shown_dir: str, level: int) -> None:
+        try:
+            names = sorted(os.listdir(real_dir), key=os.fsencode)
+        except OSError as exc:
+            raise FsError("internal", f"error reading directory {shown_dir}: {exc}") from None
+        if level > depth:
+            return  # the last level's contents are read (errors count) but not reported
+        for name in names:
+            real = os.path.join(real_dir, name)
+            shown = os.path.join(shown_dir, name)
+            try:
+                entry = entry_info(real, users, listed_path=shown)
+            except FileNotFoundError:
+                continue  # vanished during the walk
+            out.append(entry)
+            if stat.S_ISDIR(os.lstat(real).st_mode):
+                walk(real, shown, level + 1)
+
+    walk(root, requested, 1)
+    return out
+
+
+def make_dir(path: str, users: UserDatabase) -> pb.EntryInfo:
+    try:
+        existing = os.stat(path)
+    except FileNotFoundError:
+        existing = None
+    if existing is not None:
+        if stat.S_ISDIR(existing.st_mode):
+            raise FsError("already_exists", f"directory already exists: {path}")
+        raise FsError("invalid_argument", f"path already exists but it is not a directory: {path}")
+    try:
+        ensure_parents(path)
+        os.mkdir(path, 0o755)
+    except FileExistsError:
+        raise FsError("already_exists", f"directory already exists: {path}") from None
+    except NotADirectoryError as exc:
+        raise FsError("internal", str(exc)) from None
+    except OSError as exc:
+        raise FsError("internal", f"error creating directory: {exc}") from None
+    return entry_info(path, users)
+
+
+def move(source: str, destination: str, users: UserDatabase) -> pb.EntryInfo:
+    if not os.path.lexists(source):
+        raise FsError("not_found", f"source file not found: {source}")
+    try:
+        ensure_parents(destination)
+        os.rename(source, destination)
+    except FileNotFoundError:
+        raise FsError("not_found", f"source file not found: {source}") from None
+    except OSError as exc:
+        raise FsError("internal", f"error renaming: {exc}") from None
+    return entry_info(destination, users)
+
+
+def remove(path: str) -> None:
+    """``rm -rf``: recursive, does not follow symlinks, a missing path is fine."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    try:
+        if stat.S_ISDIR(info.st_mode):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise FsError("internal", f"error removing file or directory: {exc}") from None
+
+
+def check_watchable(path: str, allow_network_mounts: bool) -> None:
+    """WatchDir/CreateWatcher validation: a directory, and not a network mount unless allowed."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise FsError("not_found", f"path {path} not found") from None
+    except OSError as exc:
+        raise FsError("internal", f"error statting path {path}: {exc}") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise FsError("invalid_argument", f"path {path} not a directory")
+    if not allow_network_mounts and _on_network_mount(path):
+        raise FsError("invalid_argument", f"path {path} is on a network mount; set allow_network_mounts to watch it")
+
+
+_NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb", "smb2", "smb3"})
+
+
+def _on_network_mount(path: str) -> bool:
+    # statfs magic is not exposed by Python; the mount table gives the same answer.
+    best, fstype = "", ""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) >= 3:
+                    point = fields[1].replace("\\040", " ")
+                    if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
+                        best, fstype = point, fields[2]
+    except OSError:
+        return False
+    return fstype in _NETWORK_FS or fstype.startswith("fuse")
+
+
+def is_enospc(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)

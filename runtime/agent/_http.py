@@ -1,0 +1,97 @@
+"""envd's plain HTTP routes: ``/health``, ``/metrics``, ``/envs``, ``/init`` (ENVD.md §4.1-4.4)."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ._metrics import MetricsCollector
+from ._state import INTERNAL_ENV, AgentState
+
+_NO_STORE = {"Cache-Control": "no-store"}
+_FRACTION = re.compile(r"(\.\d{6})\d+")
+
+
+async def health(request: Request) -> Response:
+    return Response(status_code=204, headers=_NO_STORE)
+
+
+async def metrics(request: Request) -> Response:
+    collector: MetricsCollector = request.app.state.metrics
+    try:
+        sample = collector.sample()
+    except OSError:
+        return Response(status_code=500, headers=_NO_STORE)
+    return JSONResponse(sample, headers=_NO_STORE)
+
+
+async def envs(request: Request) -> Response:
+    state: AgentState = request.app.state.agent
+    return JSONResponse(state.global_env(), headers=_NO_STORE)
+
+
+def _plain(status: int, text: str = "") -> Response:
+    return Response(text, status, media_type="text/plain; charset=utf-8")
+
+
+def parse_timestamp(value: str) -> datetime:
+    # Python 3.11 parses at most microseconds; envd sends up to nanoseconds.
+    return datetime.fromisoformat(_FRACTION.sub(r"\1", value).replace("Z", "+00:00"))
+
+
+def _parse_init(body: bytes) -> dict[str, Any]:
+    if not body.strip():
+        return {}
+    data = json.loads(body)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError("body is not an object")
+    token = data.get("accessToken")
+    if token is not None and (not isinstance(token, str) or token == "" or "\\" in token):
+        raise ValueError("invalid accessToken")
+    env_vars = data.get("envVars")
+    if env_vars is not None and not (isinstance(env_vars, dict) and all(isinstance(v, str) for v in env_vars.values())):
+        raise ValueError("invalid envVars")
+    for key in ("defaultUser", "defaultWorkdir", "timestamp"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise ValueError(f"invalid {key}")
+    if data.get("timestamp"):
+        data["timestamp"] = parse_timestamp(data["timestamp"])
+    return data
+
+
+async def init(request: Request) -> Response:
+    """Set token, environment, default user and workdir; idempotent; stale bodies ignored.
+
+    The system clock is never set from ``timestamp``: in a container it is the host's clock.
+    ``hyperloopIP``, ``caBundle`` and ``volumeMounts`` are accepted and ignored.
+    """
+    state: AgentState = request.app.state.agent
+    try:
+        data = _parse_init(await request.body())
+    except ValueError:
+        return _plain(400)
+    async with state.init_lock:
+        presented = data.get("accessToken")
+        if state.access_token is not None and not (presented is not None and state.token_matches(presented)):
+            reason = "access token validation failed" if presented is not None else "access token reset not authorized"
+            return _plain(401, reason)
+        stamp = data.get("timestamp")
+        if stamp is not None and state.last_init is not None and stamp < state.last_init:
+            return Response(status_code=204, headers=_NO_STORE)
+        if stamp is not None:
+            state.last_init = stamp
+        if data.get("envVars") is not None:
+            state.env_vars = {k: v for k, v in data["envVars"].items() if k not in INTERNAL_ENV}
+        state.access_token = presented
+        if data.get("defaultUser"):
+            state.default_user = data["defaultUser"]
+        if data.get("defaultWorkdir"):
+            state.default_workdir = data["defaultWorkdir"]
+    return Response(status_code=204, headers=_NO_STORE)

@@ -1,0 +1,67 @@
+"""Serve the agent with uvicorn (HTTP/1.1 only, as envd: no TLS, no h2c)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from ._app import create_app
+from ._state import AgentState
+
+DEFAULT_HOSTS = ("0.0.0.0",)  # noqa: S104 - inside a sandbox the agent must be reachable from the host
+DEFAULT_PORT = 49983
+KEEPALIVE_S = 640
+
+
+class NoDelayH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with Nagle's algorithm off on every connection.
+
+    uvicorn writes a response's head and body separately; with Nagle on, the body waits for
+    the acknowledgement of the head, which the client delays by up to 40 ms. asyncio turns
+    Nagle off for the connections it accepts itself, but not for those accepted on sockets
+    handed to it, which is how the agent listens (several addresses, one server).
+    """
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().connection_made(transport)  # type: ignore[arg-type]
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(False)
+    return sock
+
+
+def serve(
+    hosts: tuple[str, ...] = DEFAULT_HOSTS,
+    port: int = DEFAULT_PORT,
+    *,
+    default_user: str | None = None,
+    log_level: str = "warning",
+) -> None:
+    """Listen on every host address given (for local debugging: 127.0.0.1 and ::1, because
+    Node resolves ``localhost`` to ::1 first) and serve until interrupted."""
+    state = AgentState()
+    if default_user:
+        state.default_user = default_user
+    config = uvicorn.Config(
+        create_app(state),
+        http=NoDelayH11Protocol,
+        lifespan="on",
+        timeout_keep_alive=KEEPALIVE_S,
+        log_level=log_level,
+        access_log=False,
+        server_header=False,
+    )
+    uvicorn.Server(config).run(sockets=[bind(host, port) for host in hosts])

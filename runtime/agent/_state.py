@@ -1,0 +1,84 @@
+"""The agent's in-memory state: token, environment, default user and workdir.
+
+Everything lives in memory, as in envd: a restart of the agent forgets it all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from ._users import UnknownUserError, User, UserDatabase
+
+# Set by the agent itself; /init cannot set or remove them.
+INTERNAL_ENV = {"E2B_SANDBOX": "true"}
+
+
+class UserError(Exception):
+    """The request names a user that does not exist (``unauthenticated`` / 401)."""
+
+
+@dataclass
+class AgentState:
+    users: UserDatabase = field(default_factory=UserDatabase)
+    access_token: str | None = None
+    env_vars: dict[str, str] = field(default_factory=dict)
+    default_user: str = "root"
+    default_workdir: str | None = None
+    last_init: datetime | None = None
+    init_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def global_env(self) -> dict[str, str]:
+        return {**self.env_vars, **INTERNAL_ENV}
+
+    def token_matches(self, presented: str | None) -> bool:
+        """Constant-time comparison with the access token (True when none is set)."""
+        if self.access_token is None:
+            return True
+        if presented is None:
+            return False
+        return hmac.compare_digest(presented.encode(), self.access_token.encode())
+
+    def default(self) -> User:
+        try:
+            return self.users.lookup(self.default_user)
+        except UnknownUserError:
+            raise UserError(f"invalid default user: '{self.default_user}'") from None
+
+    def user_from_basic(self, authorization: str | None) -> User:
+        """The user an RPC acts as: ``Authorization: Basic base64(user:…)``, else the default."""
+        name = basic_user(authorization)
+        if name is None:
+            return self.default()
+        try:
+            return self.users.lookup(name)
+        except UnknownUserError:
+            raise UserError(f"invalid username: '{name}'") from None
+
+    def user_by_name(self, name: str | None) -> User:
+        """The user a ``/files`` request acts as: the ``username`` parameter, else the default."""
+        if name is None:
+            return self.default()
+        try:
+            return self.users.lookup(name)
+        except UnknownUserError:
+            raise UserError(f"error looking up user '{name}': user: unknown user {name}") from None
+
+
+def basic_user(authorization: str | None) -> str | None:
+    """The user name of a Basic ``Authorization`` header; None when absent or malformed."""
+    if not authorization:
+        return None
+    scheme, _, value = authorization.partition(" ")
+    if scheme.lower() != "basic" or not value:
+        return None
+    try:
+        decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    name, sep, _password = decoded.partition(":")
+    return name if sep else None

@@ -1,0 +1,139 @@
+// Scenarios for the official JS client (e2b on npm), in debug mode against the agent.
+// Run as `node js.cjs <scenario> <workdir>` with NODE_PATH at the pinned clients' node_modules,
+// so only the official packages resolve. Each scenario prints one JSON object.
+'use strict'
+
+const { Sandbox, CommandExitError } = require('e2b')
+
+const scenarios = {
+  'commands/foreground': async (sbx, work) => {
+    const r = await sbx.commands.run('echo "$GREETING from $(pwd)"; echo oops >&2', { envs: { GREETING: 'hi' }, cwd: work })
+    return { stdout: r.stdout, stderr: r.stderr, exit_code: r.exitCode }
+  },
+  'commands/exit-code': async (sbx) => {
+    try {
+      await sbx.commands.run('echo partial; echo failing >&2; exit 3')
+    } catch (e) {
+      return { raised: e instanceof CommandExitError, exit_code: e.exitCode, stdout: e.stdout, stderr: e.stderr }
+    }
+    return { raised: false }
+  },
+  'commands/stdin': async (sbx) => {
+    const handle = await sbx.commands.run('cat', { background: true, stdin: true })
+    const listed = (await sbx.commands.list()).some((p) => p.pid === handle.pid)
+    await sbx.commands.sendStdin(handle.pid, 'first line\n')
+    await sbx.commands.sendStdin(handle.pid, 'second line\n')
+    await sbx.commands.closeStdin(handle.pid)
+    const result = await handle.wait()
+    return { listed, stdout: result.stdout, stderr: result.stderr, exit_code: result.exitCode }
+  },
+  'commands/kill': async (sbx) => {
+    const handle = await sbx.commands.run('sleep 30', { background: true })
+    const killed = await sbx.commands.kill(handle.pid)
+    let outcome = { raised: false }
+    try {
+      await handle.wait()
+    } catch (e) {
+      outcome = { raised: true, exit_code: e.exitCode, error: e.error }
+    }
+    return { killed, kill_unknown: await sbx.commands.kill(handle.pid), ...outcome }
+  },
+  'commands/background-connect': async (sbx) => {
+    const handle = await sbx.commands.run('sleep 0.5; echo done', { background: true })
+    const again = await sbx.commands.connect(handle.pid)
+    const result = await again.wait()
+    return { stdout: result.stdout, exit_code: result.exitCode }
+  },
+  'pty/session': async (sbx) => {
+    const chunks = []
+    const handle = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => chunks.push(Buffer.from(d)) })
+    await sbx.pty.resize(handle.pid, { cols: 100, rows: 30 })
+    await sbx.pty.sendInput(handle.pid, new TextEncoder().encode('echo MARK-$((20+22)); stty size; exit\n'))
+    const result = await handle.wait()
+    return { output: Buffer.concat(chunks).toString('utf8'), exit_code: result.exitCode }
+  },
+  'files/text-bytes-stream': async (sbx, work) => {
+    const textPath = `${work}/t/hello.txt`
+    const binPath = `${work}/b/data.bin`
+    const info = await sbx.files.write(textPath, 'héllo\n')
+    const payload = Buffer.alloc(1024)
+    for (let i = 0; i < payload.length; i++) payload[i] = i % 256
+    await sbx.files.write(binPath, payload)
+    const bytes = Buffer.from(await sbx.files.read(binPath, { format: 'bytes' }))
+    const stream = await sbx.files.read(binPath, { format: 'stream' })
+    const parts = []
+    for await (const part of stream) parts.push(Buffer.from(part))
+    return {
+      write: { name: info.name, path: info.path, type: info.type },
+      text: await sbx.files.read(textPath),
+      bytes_equal: bytes.equals(payload),
+      stream_equal: Buffer.concat(parts).equals(payload),
+      relative: (await sbx.files.write('relative-from-home.txt', 'x')).path,
+    }
+  },
+  'files/write-many': async (sbx, work) => {
+    const entries = [0, 1, 2, 3, 4].map((i) => ({ path: `${work}/many/${i}/f${i}.txt`, data: `file ${i}` }))
+    const infos = await sbx.files.write(entries)
+    const contents = []
+    for (const e of entries) contents.push(await sbx.files.read(e.path))
+    return { paths: infos.map((i) => i.path), contents }
+  },
+  'files/list-stat-exists': async (sbx, work) => {
+    await sbx.files.write(`${work}/tree/a/b/c.txt`, 'c')
+    await sbx.files.write(`${work}/tree/top.txt`, 'top')
+    const depth1 = (await sbx.files.list(`${work}/tree`)).map((e) => e.path)
+    const depth3 = (await sbx.files.list(`${work}/tree`, { depth: 3 })).map((e) => e.path)
+    const info = await sbx.files.getInfo(`${work}/tree/top.txt`)
+    return {
+      depth1,
+      depth3,
+      info: { name: info.name, type: info.type, size: info.size, mode: info.mode, permissions: info.permissions, path: info.path },
+      exists: await sbx.files.exists(`${work}/tree/top.txt`),
+      exists_missing: await sbx.files.exists(`${work}/nope`),
+    }
+  },
+  'files/make-dir-rename-remove': async (sbx, work) => {
+    const first = await sbx.files.makeDir(`${work}/made/deep`)
+    const second = await sbx.files.makeDir(`${work}/made/deep`)
+    await sbx.files.write(`${work}/made/old.txt`, 'moving')
+    const renamed = await sbx.files.rename(`${work}/made/old.txt`, `${work}/made/sub/new.txt`)
+    await sbx.files.remove(`${work}/made/deep`)
+    await sbx.files.remove(`${work}/made/never-existed`)
+    return {
+      first,
+      second,
+      renamed_path: renamed.path,
+      old_exists: await sbx.files.exists(`${work}/made/old.txt`),
+      new_content: await sbx.files.read(`${work}/made/sub/new.txt`),
+      deep_exists: await sbx.files.exists(`${work}/made/deep`),
+    }
+  },
+  'watch/stream': async (sbx, work) => {
+    const root = `${work}/watched`
+    await sbx.files.makeDir(root)
+    const events = []
+    const handle = await sbx.files.watchDir(root, (e) => events.push([e.type, e.name]), { recursive: true })
+    await sbx.files.write(`${root}/a.txt`, 'a')
+    await sbx.commands.run(`echo more >> ${root}/a.txt; mkdir -p ${root}/sub/deeper; mv ${root}/a.txt ${root}/sub/b.txt`)
+    await sbx.files.remove(`${root}/sub/b.txt`)
+    await new Promise((resolve) => setTimeout(resolve, 500))
+    await handle.stop()
+    return { events }
+  },
+}
+
+async function main() {
+  const [name, work] = process.argv.slice(2)
+  const sbx = await Sandbox.create()
+  try {
+    const result = await scenarios[name](sbx, work)
+    console.log(JSON.stringify(result))
+  } finally {
+    await sbx.kill()
+  }
+}
+
+main().catch((err) => {
+  console.error(err)
+  process.exit(1)
+})

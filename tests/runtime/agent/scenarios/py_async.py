@@ -1,0 +1,157 @@
+"""Scenarios for the official Python client, async flavour (see ``py_sync.py`` for the contract)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from e2b import AsyncSandbox, CommandExitException
+from e2b.sandbox.commands.command_handle import PtySize
+
+Scenario = Callable[[AsyncSandbox, str], Awaitable[dict[str, Any]]]
+SCENARIOS: dict[str, Scenario] = {}
+
+
+def scenario(name: str) -> Callable[[Scenario], Scenario]:
+    def register(fn: Scenario) -> Scenario:
+        SCENARIOS[name] = fn
+        return fn
+
+    return register
+
+
+@scenario("commands/foreground")
+async def _foreground(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
+    r = await sbx.commands.run('echo "$GREETING from $(pwd)"; echo oops >&2', envs={"GREETING": "hi"}, cwd=work)
+    return {"stdout": r.stdout, "stderr": r.stderr, "exit_code": r.exit_code}
+
+
+@scenario("commands/exit-code")
+async def _exit_code(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
+    try:
+        await sbx.commands.run("echo partial; echo failing >&2; exit 3")
+    except CommandExitException as exc:
+        return {"raised": True, "exit_code": exc.exit_code, "stdout": exc.stdout, "stderr": exc.stderr}
+    return {"raised": False}
+
+
+@scenario("commands/stdin")
+async def _stdin(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
+    handle = await sbx.commands.run("cat", background=True, stdin=True)
+    listed = handle.pid in [p.pid for p in await sbx.commands.list()]
+    await sbx.commands.send_stdin(handle.pid, "first line\n")
+    await sbx.commands.send_stdin(handle.pid, "second line\n")
+    await sbx.commands.close_stdin(handle.pid)
+    result = await handle.wait()
+    return {"listed": listed, "stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code}
+
+
+@scenario("commands/kill")
+async def _kill(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
+    handle = await sbx.commands.run("sleep 30", background=True)
+    killed = await sbx.commands.kill(handle.pid)
+    try:
+        await handle.wait()
+        outcome: dict[str, Any] = {"raised": False}
+    except CommandExitException as exc:
+        outcome = {"raised": True, "exit_code": exc.exit_code, "error": exc.error}
+    return {"killed": killed, "kill_unknown": await sbx.commands.kill(handle.pid), **outcome}
+
+
+@scenario("pty/session")
+async def _pty(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
+    chunks: list[bytes] = []
+    handle = await sbx.pty.create(PtySize(cols=80, rows=24), on_data=chunks.append)
+    await sbx.pty.resize(handle.pid, PtySize(cols=100, rows=30))
+    await sbx.pty.send_stdin(handle.pid, b"echo MARK-$((20+22)); stty size; exit\n")
+    result = await handle.wait()
+    return {"output": b"".join(chunks).decode("utf-8", "replace"), "exit_code": result.exit_code}
+
+
+@scenario("files/text-bytes-stream")
+async def _text_bytes(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
+    text_path, bin_path = f"{work}/t/hello.txt", f"{work}/b/data.bin"
+    info = await sbx.files.write(text_path, "héllo\n")
+    payload = bytes(range(256)) * 4
+    await sbx.files.write(bin_path, payload)
+    streamed = b"".join([chunk async for chunk in await sbx.files.read(bin_path, format="stream")])
+    return {
+        "write": {"name": info.name, "path": info.path, "type": info.type.value if info.type else None},
+        "text": await sbx.files.read(text_path),
+        "bytes_equal": bytes(await sbx.files.read(bin_path, format="bytes")) == payload,
+        "stream_equal": streamed == payload,
+        "gzip_equal": bytes(await sbx.files.read(bin_path, format="bytes", gzip=True)) == payload,
+        "relative": (await sbx.files.write("relative-from-home.txt", "x")).path,
+    }
+
+
+@scenario("files/list-stat-exists")
+async def _list(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
+    await sbx.files.write(f"{work}/tree/a/b/c.txt", "c")
+    await sbx.files.write(f"{work}/tree/top.txt", "top")
+    depth1 = [e.path for e in await sbx.files.list(f"{work}/tree")]
+    depth3 = [e.path for e in await sbx.files.list(f"{work}/tree", depth=3)]
+    info = await sbx.files.get_info(f"{work}/tree/top.txt")
+    return {
+        "depth1": depth1,
+        "depth3": depth3,
+        "info": {
+            "name": info.name,
+            "type": info.type.value if info.type else None,
+            "size": info.size,
+            "mode": info.mode,
+            "permissions": info.permissions,
+            "path": info.path,
+        },
+        "exists": await sbx.files.exists(f"{work}/tree/top.txt"),
+        "exists_missing": await sbx.files.exists(f"{work}/nope"),
+    }
+
+
+@scenario("files/make-dir-rename-remove")
+async def _mkdir(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
+    first = await sbx.files.make_dir(f"{work}/made/deep")
+    second = await sbx.files.make_dir(f"{work}/made/deep")
+    await sbx.files.write(f"{work}/made/old.txt", "moving")
+    renamed = await sbx.files.rename(f"{work}/made/old.txt", f"{work}/made/sub/new.txt")
+    await sbx.files.remove(f"{work}/made/deep")
+    await sbx.files.remove(f"{work}/made/never-existed")
+    return {
+        "first": first,
+        "second": second,
+        "renamed_path": renamed.path,
+        "old_exists": await sbx.files.exists(f"{work}/made/old.txt"),
+        "new_content": await sbx.files.read(f"{work}/made/sub/new.txt"),
+        "deep_exists": await sbx.files.exists(f"{work}/made/deep"),
+    }
+
+
+@scenario("watch/stream")
+async def _watch(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
+    root = f"{work}/watched"
+    await sbx.files.make_dir(root)
+    events: list[list[str]] = []
+    handle = await sbx.files.watch_dir(root, lambda e: events.append([e.type.value, e.name]), recursive=True)
+    await sbx.files.write(f"{root}/a.txt", "a")
+    await sbx.commands.run(f"echo more >> {root}/a.txt; mkdir -p {root}/sub/deeper; mv {root}/a.txt {root}/sub/b.txt")
+    await sbx.files.remove(f"{root}/sub/b.txt")
+    await asyncio.sleep(0.5)
+    await handle.stop()
+    return {"events": events}
+
+
+async def main() -> None:
+    name, work = sys.argv[1], sys.argv[2]
+    sbx = await AsyncSandbox.create()
+    try:
+        result = await SCENARIOS[name](sbx, work)
+    finally:
+        await sbx.kill()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,291 @@
+"""Scenarios for the official Python client, sync flavour, in debug mode against the agent.
+
+Run by the pinned client's own interpreter (``python -I py_sync.py <scenario> <workdir>``):
+only the official packages are importable. Each scenario prints one JSON object with what
+it observed; the pytest side asserts on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from e2b import CommandExitException, Sandbox, TimeoutException
+from e2b.sandbox.commands.command_handle import PtySize
+
+SCENARIOS: dict[str, Callable[[Sandbox, str], dict[str, Any]]] = {}
+
+
+def scenario(
+    name: str,
+) -> Callable[[Callable[[Sandbox, str], dict[str, Any]]], Callable[[Sandbox, str], dict[str, Any]]]:
+    def register(fn: Callable[[Sandbox, str], dict[str, Any]]) -> Callable[[Sandbox, str], dict[str, Any]]:
+        SCENARIOS[name] = fn
+        return fn
+
+    return register
+
+
+@scenario("commands/foreground")
+def _foreground(sbx: Sandbox, work: str) -> dict[str, Any]:
+    r = sbx.commands.run('echo "$GREETING from $(pwd)"; echo oops >&2', envs={"GREETING": "hi"}, cwd=work)
+    return {"stdout": r.stdout, "stderr": r.stderr, "exit_code": r.exit_code}
+
+
+@scenario("commands/exit-code")
+def _exit_code(sbx: Sandbox, work: str) -> dict[str, Any]:
+    try:
+        sbx.commands.run("echo partial; echo failing >&2; exit 3")
+    except CommandExitException as exc:
+        return {"raised": True, "exit_code": exc.exit_code, "stdout": exc.stdout, "stderr": exc.stderr}
+    return {"raised": False}
+
+
+@scenario("commands/ordering")
+def _ordering(sbx: Sandbox, work: str) -> dict[str, Any]:
+    seen: list[list[str]] = []
+    r = sbx.commands.run(
+        "for i in 1 2 3 4 5; do echo out$i; echo err$i >&2; sleep 0.05; done",
+        on_stdout=lambda line: seen.append(["stdout", line]),
+        on_stderr=lambda line: seen.append(["stderr", line]),
+    )
+    return {"stdout": r.stdout, "stderr": r.stderr, "callbacks": seen}
+
+
+@scenario("commands/background-connect")
+def _background(sbx: Sandbox, work: str) -> dict[str, Any]:
+    handle = sbx.commands.run("sleep 0.5; echo done", background=True)
+    listed = [p.pid for p in sbx.commands.list()]
+    again = sbx.commands.connect(handle.pid)
+    result = again.wait()
+    return {
+        "pid": handle.pid,
+        "listed": handle.pid in listed,
+        "stdout": result.stdout,
+        "exit_code": result.exit_code,
+        "listed_after": handle.pid in [p.pid for p in sbx.commands.list()],
+    }
+
+
+@scenario("commands/stdin")
+def _stdin(sbx: Sandbox, work: str) -> dict[str, Any]:
+    handle = sbx.commands.run("cat", background=True, stdin=True)
+    info = next((p for p in sbx.commands.list() if p.pid == handle.pid), None)
+    sbx.commands.send_stdin(handle.pid, "first line\n")
+    sbx.commands.send_stdin(handle.pid, "second line\n")
+    sbx.commands.close_stdin(handle.pid)
+    result = handle.wait()
+    return {
+        "listed": info is not None,
+        "cmd": info.cmd if info else None,
+        "args": info.args if info else None,
+        "stdout": result.stdout,
+        "stderr": result.stderr,
+        "exit_code": result.exit_code,
+    }
+
+
+@scenario("commands/kill")
+def _kill(sbx: Sandbox, work: str) -> dict[str, Any]:
+    handle = sbx.commands.run("sleep 30", background=True)
+    killed = sbx.commands.kill(handle.pid)
+    try:
+        handle.wait()
+        outcome: dict[str, Any] = {"raised": False}
+    except CommandExitException as exc:
+        outcome = {"raised": True, "exit_code": exc.exit_code, "error": exc.error}
+    return {
+        "killed": killed,
+        "kill_unknown": sbx.commands.kill(handle.pid),
+        **outcome,
+        "listed_after": handle.pid in [p.pid for p in sbx.commands.list()],
+    }
+
+
+@scenario("commands/timeout")
+def _timeout(sbx: Sandbox, work: str) -> dict[str, Any]:
+    marker = os.path.join(work, "survived")
+    started = time.monotonic()
+    try:
+        sbx.commands.run(f"sleep 3; touch {marker}", timeout=1)
+        raised = None
+    except TimeoutException as exc:
+        raised = type(exc).__name__
+    elapsed = time.monotonic() - started
+    time.sleep(3)
+    return {"raised": raised, "elapsed": elapsed, "process_survived": os.path.exists(marker)}
+
+
+@scenario("commands/user-and-env")
+def _user(sbx: Sandbox, work: str) -> dict[str, Any]:
+    r = sbx.commands.run("id -un; echo $HOME; echo $USER; printenv E2B_SANDBOX", user="root")
+    return {"lines": r.stdout.splitlines()}
+
+
+@scenario("pty/session")
+def _pty(sbx: Sandbox, work: str) -> dict[str, Any]:
+    handle = sbx.pty.create(PtySize(cols=80, rows=24))
+    sbx.pty.resize(handle.pid, PtySize(cols=100, rows=30))
+    sbx.pty.send_stdin(handle.pid, b"echo MARK-$((20+22)); stty size; exit\n")
+    chunks: list[bytes] = []
+    result = handle.wait(on_pty=chunks.append)
+    return {"output": b"".join(chunks).decode("utf-8", "replace"), "exit_code": result.exit_code}
+
+
+@scenario("files/text-bytes-stream")
+def _text_bytes(sbx: Sandbox, work: str) -> dict[str, Any]:
+    text_path, bin_path = f"{work}/t/hello.txt", f"{work}/b/data.bin"
+    info = sbx.files.write(text_path, "héllo\n")
+    payload = bytes(range(256)) * 4
+    sbx.files.write(bin_path, payload)
+    streamed = b"".join(sbx.files.read(bin_path, format="stream"))
+    return {
+        "write": {"name": info.name, "path": info.path, "type": info.type.value if info.type else None},
+        "text": sbx.files.read(text_path),
+        "bytes_equal": bytes(sbx.files.read(bin_path, format="bytes")) == payload,
+        "stream_equal": streamed == payload,
+        "gzip_equal": bytes(sbx.files.read(bin_path, format="bytes", gzip=True)) == payload,
+        "relative": sbx.files.write("relative-from-home.txt", "x").path,
+    }
+
+
+@scenario("files/write-many")
+def _write_many(sbx: Sandbox, work: str) -> dict[str, Any]:
+    entries = [{"path": f"{work}/many/{i}/f{i}.txt", "data": f"file {i}"} for i in range(5)]
+    infos = sbx.files.write_files(entries)
+    return {"paths": [i.path for i in infos], "contents": [sbx.files.read(e["path"]) for e in entries]}
+
+
+def _chunks(total: int, size: int = 1 << 20) -> Iterator[bytes]:
+    block = hashlib.sha256(b"seed").digest() * (size // 32)
+    for _ in range(total // size):
+        yield block
+
+
+class _Reader(io.RawIOBase):
+    """A binary stream producing the data without holding it all: the client streams it."""
+
+    def __init__(self, total: int) -> None:
+        self._it = _chunks(total)
+        self._buffer = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target: Any) -> int:
+        while not self._buffer:
+            try:
+                self._buffer = next(self._it)
+            except StopIteration:
+                return 0
+        count = min(len(target), len(self._buffer))
+        target[:count] = self._buffer[:count]
+        self._buffer = self._buffer[count:]
+        return count
+
+
+@scenario("files/large")
+def _large(sbx: Sandbox, work: str) -> dict[str, Any]:
+    total = 100 * 1024 * 1024
+    expected = hashlib.sha256()
+    for chunk in _chunks(total):
+        expected.update(chunk)
+    path = f"{work}/large.bin"
+    sbx.files.write(path, _Reader(total), request_timeout=300)
+    got = hashlib.sha256()
+    size = 0
+    for chunk in sbx.files.read(path, format="stream", request_timeout=300):
+        got.update(chunk)
+        size += len(chunk)
+    return {"size": size, "sha_equal": got.hexdigest() == expected.hexdigest(), "path": path}
+
+
+@scenario("files/list-stat-exists")
+def _list(sbx: Sandbox, work: str) -> dict[str, Any]:
+    sbx.files.write(f"{work}/tree/a/b/c.txt", "c")
+    sbx.files.write(f"{work}/tree/top.txt", "top")
+    depth1 = [e.path for e in sbx.files.list(f"{work}/tree")]
+    depth3 = [e.path for e in sbx.files.list(f"{work}/tree", depth=3)]
+    info = sbx.files.get_info(f"{work}/tree/top.txt")
+    directory = sbx.files.get_info(f"{work}/tree/a")
+    try:
+        sbx.files.get_info(f"{work}/tree/missing")
+        missing = None
+    except Exception as exc:  # noqa: BLE001 - the class is what is checked
+        missing = type(exc).__name__
+    return {
+        "depth1": depth1,
+        "depth3": depth3,
+        "info": {
+            "name": info.name,
+            "type": info.type.value if info.type else None,
+            "size": info.size,
+            "mode": info.mode,
+            "permissions": info.permissions,
+            "path": info.path,
+        },
+        "dir_type": directory.type.value if directory.type else None,
+        "exists": sbx.files.exists(f"{work}/tree/top.txt"),
+        "exists_missing": sbx.files.exists(f"{work}/nope"),
+        "missing_error": missing,
+    }
+
+
+@scenario("files/make-dir-rename-remove")
+def _mkdir(sbx: Sandbox, work: str) -> dict[str, Any]:
+    first = sbx.files.make_dir(f"{work}/made/deep")
+    second = sbx.files.make_dir(f"{work}/made/deep")
+    sbx.files.write(f"{work}/made/old.txt", "moving")
+    renamed = sbx.files.rename(f"{work}/made/old.txt", f"{work}/made/sub/new.txt")
+    sbx.files.remove(f"{work}/made/deep")
+    sbx.files.remove(f"{work}/made/never-existed")
+    return {
+        "first": first,
+        "second": second,
+        "renamed_path": renamed.path,
+        "old_exists": sbx.files.exists(f"{work}/made/old.txt"),
+        "new_content": sbx.files.read(f"{work}/made/sub/new.txt"),
+        "deep_exists": sbx.files.exists(f"{work}/made/deep"),
+    }
+
+
+@scenario("files/metadata")
+def _metadata(sbx: Sandbox, work: str) -> dict[str, Any]:
+    info = sbx.files.write(f"{work}/meta.txt", "m", metadata={"Owner": "team-a", "stage": "dev"})
+    stat = sbx.files.get_info(f"{work}/meta.txt")
+    cleared = sbx.files.write(f"{work}/meta.txt", "m2")
+    return {"written": info.metadata, "stat": stat.metadata, "cleared": cleared.metadata}
+
+
+@scenario("watch/polling")
+def _watch(sbx: Sandbox, work: str) -> dict[str, Any]:
+    root = f"{work}/watched"
+    sbx.files.make_dir(root)
+    handle = sbx.files.watch_dir(root, recursive=True)
+    sbx.files.write(f"{root}/a.txt", "a")
+    sbx.commands.run(f"echo more >> {root}/a.txt; mkdir -p {root}/sub/deeper; mv {root}/a.txt {root}/sub/b.txt")
+    sbx.files.remove(f"{root}/sub/b.txt")
+    time.sleep(0.5)
+    events = [[e.type.value, e.name] for e in handle.get_new_events()]
+    handle.stop()
+    return {"events": events}
+
+
+def main() -> None:
+    name, work = sys.argv[1], sys.argv[2]
+    sbx = Sandbox.create()
+    try:
+        result = SCENARIOS[name](sbx, work)
+    finally:
+        sbx.kill()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
