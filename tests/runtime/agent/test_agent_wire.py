@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import struct
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -339,3 +340,76 @@ def test_listing_edge_cases(agent: Agent, tmp_path: Path) -> None:
     assert [e.path for e in fs.list_dir(fpb.ListDirRequest(path=str(tmp_path / "link"))).entries] == [
         str(tmp_path / "link" / "f")
     ], "listing through a symlinked root keeps the requested path"
+
+
+def test_background_process_outlives_its_stream_and_is_found_by_tag(agent: Agent, tmp_path: Path) -> None:
+    marker = tmp_path / "go"
+    script = f"while [ ! -e {marker} ]; do sleep 0.05; done; echo after-reconnect"
+    body = _envelope({"process": {"cmd": "/bin/sh", "args": ["-c", script]}, "tag": "bg-job", "stdin": False})
+    headers = {"content-type": "application/connect+json", "connect-protocol-version": "1"}
+    with (
+        httpx.Client(timeout=10) as client,
+        client.stream("POST", f"{agent.base}/process.Process/Start", content=body, headers=headers) as response,
+    ):
+        first = next(response.iter_raw())
+        pid = json.loads(first[5:])["event"]["start"]["pid"]
+    # The stream is gone; the process is not.
+    process = process_connect.ProcessClientSync(agent.base)
+    listed = {p.pid: p.tag for p in process.list(ppb.ListRequest()).processes}
+    assert listed.get(pid) == "bg-job"
+    events = process.connect(ppb.ConnectRequest(process=ppb.ProcessSelector(tag="bg-job")))
+    start = next(events)
+    assert start.event.start.pid == pid
+    marker.write_text("")
+    rest = list(events)
+    assert b"".join(e.event.data.stdout for e in rest) == b"after-reconnect\n"
+    assert rest[-1].event.end.exited
+
+
+def test_stream_input_and_close_stdin(agent: Agent) -> None:
+    """StreamInput (client streaming; the SDKs never call it) and stdin misuse errors."""
+    process = process_connect.ProcessClientSync(agent.base)
+    events = process.start(ppb.StartRequest(process=ppb.ProcessConfig(cmd="cat"), stdin=True))
+    pid = next(events).event.start.pid
+    selector = ppb.ProcessSelector(pid=pid)
+    inputs = [
+        ppb.StreamInputRequest(start=ppb.StreamInputRequest.StartEvent(process=selector)),
+        ppb.StreamInputRequest(data=ppb.StreamInputRequest.DataEvent(input=ppb.ProcessInput(stdin=b"streamed\n"))),
+    ]
+    process.stream_input(iter(inputs))
+    process.close_stdin(ppb.CloseStdinRequest(process=selector))
+    rest = list(events)
+    assert b"".join(e.event.data.stdout for e in rest) == b"streamed\n"
+    with pytest.raises(ConnectError) as closed:
+        process.send_input(
+            ppb.SendInputRequest(process=ppb.ProcessSelector(pid=pid), input=ppb.ProcessInput(stdin=b"x"))
+        )
+    assert closed.value.code.value == "not_found", "the process has ended and is gone"
+    no_stdin = process.start(ppb.StartRequest(process=ppb.ProcessConfig(cmd="sleep", args=["2"]), stdin=False))
+    other = next(no_stdin).event.start.pid
+    with pytest.raises(ConnectError) as misuse:
+        process.send_input(
+            ppb.SendInputRequest(process=ppb.ProcessSelector(pid=other), input=ppb.ProcessInput(stdin=b"x"))
+        )
+    assert misuse.value.code.value == "internal"
+    process.send_signal(ppb.SendSignalRequest(process=ppb.ProcessSelector(pid=other), signal=ppb.SIGNAL_SIGTERM))
+    assert list(no_stdin)[-1].event.end.status == "signal: terminated"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_full_disk_is_507(agent: Agent, tmp_path: Path) -> None:
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], check=True)
+    try:
+        full = httpx.post(
+            f"{agent.base}/files",
+            params={"path": str(small / "big.bin")},
+            content=b"x" * (3 << 20),
+            headers={"content-type": "application/octet-stream"},
+            timeout=30,
+        )
+        assert full.status_code == 507
+        assert full.json()["message"] == "not enough disk space available"
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
