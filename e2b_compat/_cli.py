@@ -63,6 +63,38 @@ def _agent(args: argparse.Namespace) -> int:
     return 0
 
 
+def _host_prepare(args: argparse.Namespace) -> int:
+    from runtime import _host  # noqa: PLC0415 - only this command needs the runtime
+
+    try:
+        _host.prepare(say=lambda msg: print(f"host set-up: {msg}"))
+    except _host.HostNotReadyError as exc:
+        print(f"e2b-compat: host not ready: {exc}", file=sys.stderr)
+        return 1
+    print("host ready for crun sandboxes")
+    return 0
+
+
+def _template_build(args: argparse.Namespace) -> int:
+    from runtime.templates import TemplateError, ensure_template  # noqa: PLC0415
+
+    try:
+        template = ensure_template(args.name, cache_root=args.cache)
+    except TemplateError as exc:
+        print(f"e2b-compat: {exc}", file=sys.stderr)
+        return 1
+    print(f"{template.name}: {template.path}")
+    return 0
+
+
+def _template_list(args: argparse.Namespace) -> int:
+    from runtime.templates import list_templates  # noqa: PLC0415
+
+    for template in list_templates(args.cache):
+        print(f"{template.name:6} {template.key[:16]}  {template.path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="e2b-compat", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -101,6 +133,20 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--port", type=int, default=49983)
     agent.add_argument("--default-user", default=None, help="user for requests that name none (default root)")
     agent.set_defaults(func=_agent)
+
+    host = groups.add_parser("host", help="the machine that runs sandboxes")
+    host_actions = host.add_subparsers(dest="action", required=True, metavar="ACTION")
+    host_actions.add_parser(
+        "prepare", help="install crun/nftables/debootstrap and apply the cgroup fix (root)"
+    ).set_defaults(func=_host_prepare)
+
+    template = groups.add_parser("template", help="sandbox templates (root filesystems)")
+    template.add_argument("--cache", type=Path, default=None, help="cache folder (default: as for contract)")
+    template_actions = template.add_subparsers(dest="action", required=True, metavar="ACTION")
+    build = template_actions.add_parser("build", help="build a template ahead of time (cached by content)")
+    build.add_argument("name", nargs="?", default="base", choices=["base", "os"])
+    build.set_defaults(func=_template_build)
+    template_actions.add_parser("list", help="list the built templates").set_defaults(func=_template_list)
     return parser
 
 

@@ -47,13 +47,14 @@ class CgroupPaths:
 
     unified: Path | None
     memory: Path | None
-    cpu: Path | None
+    cpu: Path | None  # v1 cpuacct (usage)
+    quota: Path | None = None  # v1 cpu (CFS quota)
 
     @staticmethod
     def discover(
         proc_self_cgroup: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")
     ) -> CgroupPaths:
-        unified = memory = cpu = None
+        unified = memory = cpu = quota = None
         for line in (_read(proc_self_cgroup) or "").splitlines():
             hierarchy, controllers, path = [*line.split(":", 2), "", "", ""][:3]
             rel = path.lstrip("/")
@@ -64,11 +65,15 @@ class CgroupPaths:
             names = controllers.split(",")
             if "memory" in names and (root / "memory" / rel).exists():
                 memory = root / "memory" / rel
+            if "cpu" in names:
+                for folder in ("cpu", "cpu,cpuacct"):
+                    if (root / folder / rel / "cpu.cfs_quota_us").exists():
+                        quota = root / folder / rel
             if "cpuacct" in names:
                 for folder in ("cpuacct", "cpu,cpuacct"):
                     if (root / folder / rel / "cpuacct.usage").exists():
                         cpu = root / folder / rel
-        return CgroupPaths(unified, memory, cpu)
+        return CgroupPaths(unified, memory, cpu, quota)
 
 
 class MetricsCollector:
@@ -86,6 +91,11 @@ class MetricsCollector:
             limit, _, period = quota.partition(" ")
             if limit != "max" and period:
                 count = min(count, max(1, math.ceil(int(limit) / int(period))))
+        elif self._cgroups.quota is not None:
+            limit_us = _int(_read(self._cgroups.quota / "cpu.cfs_quota_us"))
+            period_us = _int(_read(self._cgroups.quota / "cpu.cfs_period_us"))
+            if limit_us is not None and period_us and limit_us > 0:
+                count = min(count, max(1, math.ceil(limit_us / period_us)))
         return count
 
     def _cpu_times(self) -> tuple[float, float]:

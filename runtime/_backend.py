@@ -1,0 +1,160 @@
+"""The backend-neutral sandbox runtime interface, its errors, and the lifecycle table.
+
+Every isolation backend (crun now; gVisor, Docker and microVMs later) implements
+``Backend``; the server never talks to a runtime any other way. One shared Hypothesis
+state machine (tests/runtime/test_backend_conformance.py) holds every backend to it.
+
+Exceptions::
+
+    SandboxRuntimeError
+    ├── SandboxNotFoundError   no sandbox with that id (or it was killed)
+    ├── TransitionError        the operation is not allowed in the current state
+    ├── TemplateNotFoundError  no template or snapshot with that id
+    └── BackendError           the isolation mechanism failed (message says how)
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class SandboxRuntimeError(Exception):
+    """Base of the runtime's errors."""
+
+
+class SandboxNotFoundError(SandboxRuntimeError):
+    pass
+
+
+class TransitionError(SandboxRuntimeError):
+    pass
+
+
+class TemplateNotFoundError(SandboxRuntimeError):
+    pass
+
+
+class BackendError(SandboxRuntimeError):
+    pass
+
+
+class State(enum.Enum):
+    CREATED = "created"  # resources exist, nothing runs yet
+    RUNNING = "running"  # processes run, the agent answers
+    PAUSED = "paused"  # frozen in memory (pause with memory=True)
+    STOPPED = "stopped"  # processes gone, writable layer kept (pause with memory=False)
+    KILLED = "killed"  # everything released; terminal
+
+
+class Action(enum.Enum):
+    START = "start"
+    PAUSE_MEMORY = "pause_memory"
+    PAUSE_FILESYSTEM = "pause_filesystem"
+    RESUME = "resume"
+    KILL = "kill"
+    SNAPSHOT = "snapshot"
+
+
+# The lifecycle as data: (state, action) → next state. Anything absent is a TransitionError,
+# except KILL, which every live state allows. A snapshot leaves the state as it was.
+TRANSITIONS: dict[tuple[State, Action], State] = {
+    (State.CREATED, Action.START): State.RUNNING,
+    (State.RUNNING, Action.PAUSE_MEMORY): State.PAUSED,
+    (State.RUNNING, Action.PAUSE_FILESYSTEM): State.STOPPED,
+    (State.PAUSED, Action.RESUME): State.RUNNING,
+    (State.STOPPED, Action.RESUME): State.RUNNING,
+    (State.RUNNING, Action.SNAPSHOT): State.RUNNING,
+    (State.PAUSED, Action.SNAPSHOT): State.PAUSED,
+    (State.STOPPED, Action.SNAPSHOT): State.STOPPED,
+    **{(s, Action.KILL): State.KILLED for s in State if s is not State.KILLED},
+}
+
+
+def next_state(state: State, action: Action) -> State:
+    try:
+        return TRANSITIONS[(state, action)]
+    except KeyError:
+        raise TransitionError(f"cannot {action.value} a sandbox that is {state.value}") from None
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpu_count: int = 2
+    memory_mb: int = 512
+    pids: int = 1024
+    disk_mb: int | None = None
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    sandbox_id: str
+    template: str  # template name or snapshot id
+    env: dict[str, str] = field(default_factory=dict)
+    limits: Limits = field(default_factory=Limits)
+    hostname: str | None = None
+    allow_internet_access: bool = False
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    sandbox_id: str
+    template: str
+    state: State
+    host: str | None  # where the host reaches the sandbox's ports (None unless running)
+
+
+@dataclass(frozen=True)
+class Metrics:
+    cpu_count: int
+    cpu_usage_ns: int
+    memory_bytes: int
+    memory_limit_bytes: int
+    pids: int
+
+
+@dataclass(frozen=True)
+class ReconcileReport:
+    adopted: tuple[str, ...]  # sandboxes found intact and kept
+    cleaned: tuple[str, ...]  # resources released because nothing owned them any more
+
+
+class Backend(Protocol):
+    """What every isolation backend provides."""
+
+    name: str
+
+    async def create(self, spec: SandboxSpec) -> SandboxInfo:
+        """Allocate everything the sandbox needs; nothing runs yet (state CREATED)."""
+        ...
+
+    async def start(self, sandbox_id: str) -> SandboxInfo:
+        """Run it; returns once the agent inside answers its health check."""
+        ...
+
+    async def pause(self, sandbox_id: str, *, memory: bool) -> SandboxInfo: ...
+
+    async def resume(self, sandbox_id: str) -> SandboxInfo: ...
+
+    async def kill(self, sandbox_id: str) -> bool:
+        """Release everything; False when there was no such sandbox."""
+        ...
+
+    async def inspect(self, sandbox_id: str) -> SandboxInfo: ...
+
+    async def list(self) -> list[SandboxInfo]: ...
+
+    async def metrics(self, sandbox_id: str) -> Metrics: ...
+
+    async def snapshot(self, sandbox_id: str) -> str:
+        """Capture the writable layer as a new template; returns its id."""
+        ...
+
+    async def address(self, sandbox_id: str, port: int) -> tuple[str, int]:
+        """Where the host connects to ``port`` inside the sandbox."""
+        ...
+
+    async def reconcile(self) -> ReconcileReport:
+        """After a crash: adopt intact sandboxes, release everything else recorded."""
+        ...

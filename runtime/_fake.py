@@ -1,0 +1,122 @@
+"""An in-memory backend for unit tests of everything above the runtime.
+
+It follows the lifecycle table exactly and keeps a per-sandbox "filesystem" (a dict) so
+snapshot and pause semantics can be checked without real sandboxes: files survive both
+kinds of pause, a snapshot copies them, a sandbox started from a snapshot sees them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from ._backend import (
+    Action,
+    Metrics,
+    ReconcileReport,
+    SandboxInfo,
+    SandboxNotFoundError,
+    SandboxSpec,
+    State,
+    TemplateNotFoundError,
+    TransitionError,
+    next_state,
+)
+
+
+@dataclass
+class _Sandbox:
+    spec: SandboxSpec
+    state: State
+    files: dict[str, bytes] = field(default_factory=dict)
+    boot: int = 0  # increments each time processes start afresh
+
+
+class FakeBackend:
+    name = "fake"
+
+    def __init__(self, templates: dict[str, dict[str, bytes]] | None = None) -> None:
+        self.templates: dict[str, dict[str, bytes]] = templates if templates is not None else {"base": {}}
+        self._sandboxes: dict[str, _Sandbox] = {}
+        self._snapshot_ids = itertools.count(1)
+
+    def _get(self, sandbox_id: str) -> _Sandbox:
+        found = self._sandboxes.get(sandbox_id)
+        if found is None:
+            raise SandboxNotFoundError(sandbox_id)
+        return found
+
+    def _info(self, sandbox: _Sandbox) -> SandboxInfo:
+        host = "127.0.0.1" if sandbox.state is State.RUNNING else None
+        return SandboxInfo(sandbox.spec.sandbox_id, sandbox.spec.template, sandbox.state, host)
+
+    async def create(self, spec: SandboxSpec) -> SandboxInfo:
+        if spec.sandbox_id in self._sandboxes:
+            raise TransitionError(f"sandbox {spec.sandbox_id} already exists")
+        if spec.template not in self.templates:
+            raise TemplateNotFoundError(spec.template)
+        sandbox = _Sandbox(spec, State.CREATED, dict(self.templates[spec.template]))
+        self._sandboxes[spec.sandbox_id] = sandbox
+        return self._info(sandbox)
+
+    def _apply(self, sandbox_id: str, action: Action) -> _Sandbox:
+        sandbox = self._get(sandbox_id)
+        sandbox.state = next_state(sandbox.state, action)
+        return sandbox
+
+    async def start(self, sandbox_id: str) -> SandboxInfo:
+        sandbox = self._apply(sandbox_id, Action.START)
+        sandbox.boot += 1
+        return self._info(sandbox)
+
+    async def pause(self, sandbox_id: str, *, memory: bool) -> SandboxInfo:
+        return self._info(self._apply(sandbox_id, Action.PAUSE_MEMORY if memory else Action.PAUSE_FILESYSTEM))
+
+    async def resume(self, sandbox_id: str) -> SandboxInfo:
+        sandbox = self._get(sandbox_id)
+        fresh = sandbox.state is State.STOPPED
+        self._apply(sandbox_id, Action.RESUME)
+        if fresh:
+            sandbox.boot += 1  # a filesystem-only pause restarts the processes
+        return self._info(sandbox)
+
+    async def kill(self, sandbox_id: str) -> bool:
+        return self._sandboxes.pop(sandbox_id, None) is not None
+
+    async def inspect(self, sandbox_id: str) -> SandboxInfo:
+        return self._info(self._get(sandbox_id))
+
+    async def list(self) -> list[SandboxInfo]:
+        return [self._info(s) for s in self._sandboxes.values()]
+
+    async def metrics(self, sandbox_id: str) -> Metrics:
+        sandbox = self._get(sandbox_id)
+        limits = sandbox.spec.limits
+        running = sandbox.state is State.RUNNING
+        return Metrics(limits.cpu_count, 0, 1 << 20 if running else 0, limits.memory_mb << 20, 1 if running else 0)
+
+    async def snapshot(self, sandbox_id: str) -> str:
+        sandbox = self._get(sandbox_id)
+        next_state(sandbox.state, Action.SNAPSHOT)
+        snapshot_id = f"snap-fake-{next(self._snapshot_ids)}"
+        self.templates[snapshot_id] = dict(sandbox.files)
+        return snapshot_id
+
+    async def address(self, sandbox_id: str, port: int) -> tuple[str, int]:
+        sandbox = self._get(sandbox_id)
+        if sandbox.state is not State.RUNNING:
+            raise TransitionError(f"sandbox {sandbox_id} is {sandbox.state.value}")
+        return "127.0.0.1", port
+
+    async def reconcile(self) -> ReconcileReport:
+        return ReconcileReport(tuple(sorted(self._sandboxes)), ())
+
+    # Test helpers standing in for the agent's file API.
+    def write(self, sandbox_id: str, path: str, data: bytes) -> None:
+        sandbox = self._get(sandbox_id)
+        if sandbox.state is not State.RUNNING:
+            raise TransitionError("not running")
+        sandbox.files[path] = data
+
+    def read(self, sandbox_id: str, path: str) -> bytes | None:
+        return self._get(sandbox_id).files.get(path)

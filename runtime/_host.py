@@ -1,0 +1,77 @@
+"""Host preparation for the crun backend: what must be true before a sandbox can start.
+
+On this kind of machine the cgroup set-up is hybrid: v1 controllers, plus a cgroup2
+mount that holds only ``hugetlb``. crun refuses hybrid set-ups with controllers on the v2
+side ("cgroups in hybrid mode not supported"); mounting a v1 ``hugetlb`` hierarchy moves
+that controller over and crun starts. The fix changes host state, so it is applied only
+when asked (the serve and test set-up ask), and it is said out loud.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+class HostNotReadyError(RuntimeError):
+    """The host cannot run crun sandboxes; the message says what is missing and how to fix it."""
+
+
+# Debian package → the command (or file) that shows it is installed.
+_PACKAGES = {
+    "crun": "crun",
+    "nftables": "nft",
+    "debootstrap": "debootstrap",
+    "iproute2": "ip",
+    "debian-archive-keyring": "/usr/share/keyrings/debian-archive-keyring.gpg",
+}
+
+
+def _present(tool: str) -> bool:
+    return Path(tool).exists() if tool.startswith("/") else shutil.which(tool) is not None
+
+
+def _hugetlb_on_v2_side(root: Path) -> bool:
+    controllers = root / "unified" / "cgroup.controllers"
+    try:
+        return "hugetlb" in controllers.read_text().split()
+    except OSError:
+        return False
+
+
+def problems(root: Path = CGROUP_ROOT) -> list[str]:
+    found = []
+    found += [
+        f"{tool} is not installed (Debian package '{package}')"
+        for package, tool in _PACKAGES.items()
+        if not _present(tool)
+    ]
+    if (root / "memory").is_dir() and _hugetlb_on_v2_side(root):
+        found.append("hugetlb is attached to the cgroup2 mount of a hybrid set-up, which crun refuses")
+    if os.geteuid() != 0:
+        found.append("the crun backend needs root (namespaces, overlay mounts, cgroups)")
+    return found
+
+
+def prepare(say: Callable[[str], None] = print, root: Path = CGROUP_ROOT) -> None:
+    """Install crun and apply the hugetlb fix when needed; raise if anything is still missing."""
+    if os.geteuid() != 0:
+        raise HostNotReadyError("the crun backend needs root (namespaces, overlay mounts, cgroups)")
+    missing = [package for package, tool in _PACKAGES.items() if not _present(tool)]
+    if missing:
+        say(f"installing {', '.join(missing)} (Debian packages) …")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+        subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True, env=env)
+    if (root / "memory").is_dir() and _hugetlb_on_v2_side(root):
+        say(f"mounting a cgroup v1 hugetlb hierarchy at {root / 'hugetlb'} so crun accepts the hybrid cgroup set-up")
+        (root / "hugetlb").mkdir(exist_ok=True)
+        subprocess.run(["mount", "-t", "cgroup", "-o", "hugetlb", "cgroup", str(root / "hugetlb")], check=True)
+    left = problems(root)
+    if left:
+        raise HostNotReadyError("; ".join(left))

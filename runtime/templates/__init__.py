@@ -1,0 +1,43 @@
+"""Sandbox templates: root filesystems each sandbox mounts read-only under its overlay.
+
+Why here and why like this: a sandbox starts from a template in well under a second
+only if the template already exists, so building one (debootstrap, then the agent
+installed from locally built wheels, a minute or two) happens once per content key and
+is cached; see ``_build`` for the cache layout and ``_keys`` for what decides a key.
+
+- ``ensure_template("base")`` returns the agent's template, building it if absent;
+- ``list_templates()`` lists the finished templates in the cache;
+- a build reports progress as ``ProgressEvent`` values to any ``Progress`` callable.
+
+Everything that goes wrong is a ``TemplateError`` naming the failing command and ending
+with the tail of its output. Building needs root, ``debootstrap`` and ``chroot``; the
+Debian mirror is the one apt is configured with (``find_debian_mirror``).
+"""
+
+from __future__ import annotations
+
+from ._build import TEMPLATE_NAMES, Template, ensure_template, list_templates, prune_templates, templates_dir
+from ._commands import TemplateError
+from ._keys import AGENT_COMMAND, base_layer_key, os_layer_key
+from ._mirror import Mirror, find_debian_mirror
+from ._progress import PlainProgress, Progress, ProgressEvent, RichProgress, default_progress
+
+__all__ = [
+    "AGENT_COMMAND",
+    "TEMPLATE_NAMES",
+    "Mirror",
+    "PlainProgress",
+    "Progress",
+    "ProgressEvent",
+    "RichProgress",
+    "Template",
+    "TemplateError",
+    "base_layer_key",
+    "default_progress",
+    "ensure_template",
+    "find_debian_mirror",
+    "list_templates",
+    "os_layer_key",
+    "prune_templates",
+    "templates_dir",
+]

@@ -1,0 +1,341 @@
+"""Build the sandbox templates (``os``, then ``base`` on it) into the content-addressed cache.
+
+A template is a root filesystem that every sandbox mounts read-only as the lower layer
+of its overlay. Cache layout::
+
+    <cache>/templates/<name>-<key[:16]>/rootfs/         the root filesystem
+    <cache>/templates/<name>-<key[:16]>/template.json   name, key, recipe, build time, sizes, agent command
+    <cache>/templates/.lock                             held while building
+
+``os`` is a debootstrap of bookworm plus the sandbox user; ``base`` is a copy of it plus
+the agent in ``/opt/e2b-compat/venv`` (see ``_keys`` for what decides each key). A
+template is built in ``.<name>-<key16>.build-XXXX/`` beside its final place and renamed
+into it as the last step, so a folder under its final name is complete and is reused as
+it is. Builds take an exclusive lock, so concurrent callers wait and then reuse the
+result, and the holder of the lock removes what killed builds left behind.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from contract import default_cache_root
+
+from . import _keys
+from ._commands import TemplateError, disk_usage, in_root, remove_tree, replace_file, run
+from ._mirror import Mirror, find_debian_mirror
+from ._progress import Progress, ProgressEvent, default_progress, step
+
+__all__ = ["METADATA", "TEMPLATE_NAMES", "Template", "ensure_template", "list_templates", "templates_dir"]
+
+TEMPLATE_NAMES = ("os", "base")
+METADATA = "template.json"
+FORMAT = 1
+# Where the wheelhouse sits inside the rootfs while the agent is installed from it.
+_WHEELHOUSE = "/tmp/e2b-compat-wheelhouse"  # noqa: S108 (inside the rootfs, removed again)
+_IMPORT_CHECK = "import runtime.agent, contract.generated.process.process_pb2"
+
+Build = Callable[[Path], Mapping[str, object]]
+
+
+@dataclass(frozen=True)
+class Template:
+    """A finished template in the cache: mount ``rootfs`` read-only, run ``agent_command`` in it."""
+
+    name: str
+    key: str
+    path: Path
+    rootfs: Path
+    agent_command: tuple[str, ...]
+
+
+KEEP_BASE_TEMPLATES = 3
+
+
+def templates_dir(cache_root: Path | None = None) -> Path:
+    return (cache_root if cache_root is not None else default_cache_root()) / "templates"
+
+
+def _load(path: Path) -> Template | None:
+    """The template in ``path``, or None if there is no finished one."""
+    try:
+        meta = json.loads((path / METADATA).read_text(encoding="utf-8"))
+        template = Template(
+            name=str(meta["name"]),
+            key=str(meta["key"]),
+            path=path,
+            rootfs=path / "rootfs",
+            agent_command=tuple(str(part) for part in meta["agent_command"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return template if template.rootfs.is_dir() else None
+
+
+def list_templates(cache_root: Path | None = None) -> list[Template]:
+    """Finished templates in the cache (builds in progress are hidden folders), by name then key."""
+    root = templates_dir(cache_root)
+    if not root.is_dir():
+        return []
+    found = (_load(path) for path in root.iterdir() if not path.name.startswith("."))
+    return sorted((t for t in found if t is not None), key=lambda t: (t.name, t.key))
+
+
+def _default_repo() -> Path:
+    # The checkout this package runs from (``pip install -e``); a plain install has no sources.
+    repo = Path(__file__).resolve().parents[2]
+    if not (repo / "pyproject.toml").is_file():
+        raise TemplateError(f"no source checkout around {Path(__file__).parent}; pass repo= (the e2b-compat checkout)")
+    return repo
+
+
+@contextmanager
+def _locked(root: Path, progress: Progress) -> Iterator[None]:
+    fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(ProgressEvent(f"waiting for another build in {root}", "note"))
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _sweep(root: Path, progress: Progress) -> None:
+    """Remove build folders of killed builds (only called with the lock held, so none is live)."""
+    for leftover in sorted(root.glob(".*.build-*")):
+        progress(ProgressEvent(f"removing {leftover.name}, left by an interrupted build", "note"))
+        remove_tree(leftover)
+
+
+def _materialize(
+    root: Path, name: str, key: str, *, recipe: Mapping[str, object], agent_command: tuple[str, ...], build: Build
+) -> Template:
+    """The template ``name``/``key``, first built with ``build(tmp)`` beside its final place if absent."""
+    final = root / f"{name}-{key[:16]}"
+    existing = _load(final)
+    if existing is not None:
+        return existing
+    started = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.build-", dir=root))
+    try:
+        extra = build(tmp)
+        meta = {
+            "format": FORMAT,
+            "name": name,
+            "key": key,
+            "recipe": dict(recipe),
+            "agent_command": list(agent_command),
+            "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "build_seconds": round(time.monotonic() - started, 1),
+            "size": disk_usage(tmp / "rootfs"),
+            **extra,
+        }
+        (tmp / METADATA).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        tmp.chmod(0o755)  # mkdtemp made it private; sandboxes need to traverse it
+        try:
+            tmp.rename(final)  # the last step: from here on the template is used
+        except OSError as exc:
+            raise TemplateError(f"could not move the finished build to {final} (remove it if broken): {exc}") from exc
+    finally:
+        # After a failure or an interrupt: nothing half-built stays, nothing stays mounted.
+        remove_tree(tmp)
+    done = _load(final)
+    if done is None:
+        raise TemplateError(f"{final} holds no readable {METADATA} after building it")
+    return done
+
+
+# --- the os layer ---
+
+
+def _debootstrap(rootfs: Path, arch: str, mirror: Mirror, detail: Callable[[str], None]) -> None:
+    if shutil.which("debootstrap") is None:
+        raise TemplateError("debootstrap is not installed (Debian package 'debootstrap')")
+    cmd = ["debootstrap", f"--variant={_keys.VARIANT}", f"--arch={arch}", "--include=" + ",".join(_keys.OS_PACKAGES)]
+    if mirror.keyring is not None:
+        cmd.append(f"--keyring={mirror.keyring}")
+    run([*cmd, _keys.SUITE, str(rootfs), mirror.uri], "debootstrap", detail=detail)
+
+
+def _add_user(rootfs: Path) -> None:
+    # The rootfs's own shadow tools keep passwd, shadow, group and gshadow consistent and
+    # copy /etc/skel with the right owner; writing those files here would re-implement them.
+    uid = str(_keys.USER_ID)
+    in_root(rootfs, ["groupadd", "--gid", uid, _keys.USER], "adding the sandbox group")
+    useradd = ["useradd", "--uid", uid, "--gid", uid, "--create-home", "--home-dir", _keys.USER_HOME]
+    in_root(rootfs, [*useradd, "--shell", _keys.USER_SHELL, _keys.USER], "adding the sandbox user")
+    sudoers = f"/etc/sudoers.d/{_keys.USER}"
+    replace_file(rootfs / sudoers.lstrip("/"), f"{_keys.USER} ALL=(ALL:ALL) NOPASSWD: ALL\n".encode(), 0o440)
+    in_root(rootfs, ["visudo", "--check", "--file", sudoers], "checking the sudoers entry")
+
+
+def _trim(rootfs: Path) -> None:
+    for pattern in ("var/cache/apt/archives/*.deb", "var/cache/apt/*.bin"):
+        for path in rootfs.glob(pattern):
+            path.unlink()
+    lists = rootfs / "var/lib/apt/lists"
+    if lists.is_dir():
+        for path in lists.iterdir():
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    # debootstrap copies the host's hostname and resolver; a template must not carry them
+    # (they are not in the key). The runtime provides the sandbox's own.
+    replace_file(rootfs / "etc/hostname", b"", 0o644)
+    replace_file(rootfs / "etc/resolv.conf", b"", 0o644)
+    replace_file(rootfs / "etc/hosts", _keys.HOSTS, 0o644)
+
+
+def _build_os(tmp: Path, recipe: Mapping[str, object], progress: Progress) -> dict[str, object]:
+    arch = str(recipe["arch"])
+    mirror = find_debian_mirror(_keys.SUITE)
+    progress(ProgressEvent(f"Debian mirror {mirror.uri} (from {mirror.origin})", "note"))
+    rootfs = tmp / "rootfs"
+    title = f"debootstrap {_keys.SUITE} {arch} ({_keys.VARIANT} + {len(_keys.OS_PACKAGES)} packages)"
+    with step(progress, title) as out:
+        _debootstrap(rootfs, arch, mirror, out)
+    with step(progress, f"adding {_keys.USER!r} ({_keys.USER_ID}:{_keys.USER_ID}) with passwordless sudo"):
+        _add_user(rootfs)
+    with step(progress, "removing apt caches and the host's hostname and resolver"):
+        _trim(rootfs)
+    return {}
+
+
+# --- the base layer ---
+
+
+def _check_python(rootfs: Path) -> None:
+    # The wheelhouse is resolved by this interpreter, so its tags must fit the rootfs's python.
+    probe = "import platform, sys; print(sys.version_info[0], sys.version_info[1], platform.machine())"
+    inside = in_root(rootfs, ["python3", "-c", probe], "asking the rootfs python for its version").split()
+    here = [str(sys.version_info[0]), str(sys.version_info[1]), platform.machine()]
+    if inside != here:
+        raise TemplateError(
+            f"the rootfs has python {' '.join(inside)} but the wheelhouse would be built by python "
+            f"{' '.join(here)} ({sys.executable}); run the build with a CPython {inside[0]}.{inside[1]}"
+        )
+
+
+def _build_base(tmp: Path, os_layer: Template, tree: _keys.SourceTree, progress: Progress) -> dict[str, object]:
+    rootfs = tmp / "rootfs"
+    with step(progress, f"copying {os_layer.path.name}"):
+        run(["cp", "-a", "--reflink=auto", str(os_layer.rootfs), str(rootfs)], "copying the os layer")
+    with step(progress, f"creating {_keys.VENV} with the rootfs python"):
+        _check_python(rootfs)
+        in_root(rootfs, ["python3", "-m", "venv", _keys.VENV], "creating the agent virtualenv")
+    wheelhouse = rootfs / _WHEELHOUSE.lstrip("/")
+    with step(progress, f"building wheels of {_keys.DISTRIBUTION} and its dependencies (pip wheel)") as out:
+        # Built from a copy of exactly the hashed bytes: in the checkout, setuptools would
+        # write build/ and *.egg-info and could pick up stale files from an earlier build/.
+        source = tmp / "source"
+        tree.write_to(source)
+        pip = [sys.executable, "-m", "pip", "wheel", "--no-input", "--disable-pip-version-check"]
+        run([*pip, "--wheel-dir", str(wheelhouse), str(source)], "pip wheel", cwd=tmp, detail=out)
+        shutil.rmtree(source)
+    wheels = sorted(path.name for path in wheelhouse.glob("*.whl"))
+    with step(progress, f"installing the agent into {_keys.VENV}") as out:
+        install = [f"{_keys.VENV}/bin/pip", "install", "--no-index", "--find-links", _WHEELHOUSE]
+        flags = ["--no-cache-dir", "--no-input", "--disable-pip-version-check"]
+        in_root(rootfs, [*install, *flags, _keys.DISTRIBUTION], "pip install in the rootfs", detail=out)
+        shutil.rmtree(wheelhouse)
+        in_root(rootfs, [f"{_keys.VENV}/bin/python", "-c", _IMPORT_CHECK], "importing the agent in the rootfs")
+    return {"from": os_layer.path.name, "wheels": wheels}
+
+
+# --- entry point ---
+
+
+def ensure_template(
+    name: str = "base",
+    *,
+    cache_root: Path | None = None,
+    repo: Path | None = None,
+    progress: Progress | None = None,
+) -> Template:
+    """The template ``name`` (``"base"``: the agent's template; ``"os"``: the bare layer), built if absent.
+
+    ``repo`` is the e2b-compat checkout whose code goes into ``base`` (default: the one
+    this package runs from). ``progress`` receives the build's events (default: a spinner
+    on a terminal, ``step:`` lines otherwise). Raises ``TemplateError``.
+    """
+    if name not in TEMPLATE_NAMES:
+        raise TemplateError(f"unknown template {name!r}; known: {', '.join(TEMPLATE_NAMES)}")
+    report = progress if progress is not None else default_progress()
+    root = templates_dir(cache_root)
+    recipe_os = _keys.os_recipe()
+    key_os = _keys.recipe_key(recipe_os)
+    tree = _keys.read_source_tree(repo if repo is not None else _default_repo()) if name == "base" else None
+    recipe = recipe_os if tree is None else _keys.base_recipe(key_os, tree)
+    key = _keys.recipe_key(recipe)
+    cached = _load(root / f"{name}-{key[:16]}")
+    if cached is not None:
+        report(ProgressEvent(f"template {cached.path.name} is cached at {cached.path}", "note"))
+        return cached
+    if os.geteuid() != 0:
+        raise TemplateError(f"building template {name!r} needs root (debootstrap, chroot)")
+    root.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with _locked(root, report):
+        _sweep(root, report)
+        os_layer = _materialize(
+            root, "os", key_os, recipe=recipe_os, agent_command=(), build=lambda tmp: _build_os(tmp, recipe_os, report)
+        )
+        template = os_layer
+        if tree is not None:
+            template = _materialize(
+                root,
+                "base",
+                key,
+                recipe=recipe,
+                agent_command=_keys.AGENT_COMMAND,
+                build=lambda tmp: _build_base(tmp, os_layer, tree, report),
+            )
+    report(ProgressEvent(f"template {template.path.name} ready in {time.monotonic() - started:.1f} s", "note"))
+    if tree is not None:
+        for pruned in prune_templates(cache_root, keep=KEEP_BASE_TEMPLATES):
+            report(ProgressEvent(f"removed the unused older template {pruned.name}", "note"))
+    return template
+
+
+def _in_use(template: Template) -> bool:
+    """True while some overlay mount uses the template's rootfs as a lower layer."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text()
+    except OSError:
+        return True  # cannot tell: keep it
+    return str(template.rootfs) in mounts
+
+
+def prune_templates(cache_root: Path | None = None, *, keep: int) -> list[Path]:
+    """Remove all but the ``keep`` newest ``base`` templates, skipping any still mounted.
+
+    Every code change gives a new base template (~360 MB), so without pruning the cache
+    only grows. The ``os`` layer is kept: it rarely changes and is the slow one to build.
+    """
+    bases = [t for t in list_templates(cache_root) if t.name == "base"]
+    bases.sort(key=lambda t: (t.path / METADATA).stat().st_mtime, reverse=True)
+    removed = []
+    for template in bases[keep:]:
+        if _in_use(template):
+            continue
+        doomed = template.path.with_name(f".{template.path.name}.prune")
+        os.replace(template.path, doomed)  # gone from the cache at once; deleted below
+        shutil.rmtree(doomed, ignore_errors=True)
+        removed.append(template.path)
+    return removed

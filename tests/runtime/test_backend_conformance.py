@@ -1,0 +1,151 @@
+"""One Hypothesis state machine that every sandbox backend must pass.
+
+It drives create/start/pause/resume/kill/snapshot in random orders and checks each result
+against the lifecycle table (``runtime._backend.TRANSITIONS``): allowed actions land in the
+table's next state, refused ones raise ``TransitionError`` and change nothing, ``list`` and
+``inspect`` agree with the model, kill is idempotent, snapshots need a live sandbox and work
+as templates. Parametrized over backends like uvicorn's tests over server implementations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
+
+from runtime._backend import (
+    Action,
+    Backend,
+    Limits,
+    SandboxNotFoundError,
+    SandboxSpec,
+    State,
+    TemplateNotFoundError,
+    TransitionError,
+    next_state,
+)
+from runtime._fake import FakeBackend
+
+T = TypeVar("T")
+
+
+def backend_machine(make_backend: Callable[[], Backend], template: str, max_steps: int) -> type[RuleBasedStateMachine]:
+    counter = itertools.count()
+
+    class BackendMachine(RuleBasedStateMachine):
+        sandboxes = Bundle("sandboxes")
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.loop = asyncio.new_event_loop()
+            self.backend = make_backend()
+            self.model: dict[str, State] = {}
+            self.snapshots: list[str] = []
+
+        def run(self, coro: Coroutine[Any, Any, T]) -> T:
+            return self.loop.run_until_complete(coro)
+
+        def _new_id(self) -> str:
+            return f"sm{next(counter)}x{id(self) % 10000}"
+
+        @rule(target=sandboxes)
+        def create(self) -> str:
+            sandbox_id = self._new_id()
+            info = self.run(self.backend.create(SandboxSpec(sandbox_id, template, limits=Limits(1, 256, 256))))
+            assert info.state is State.CREATED
+            self.model[sandbox_id] = State.CREATED
+            return sandbox_id
+
+        def _act(self, sandbox_id: str, action: Action, call: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+            state = self.model.get(sandbox_id)
+            if state is None:
+                with pytest.raises(SandboxNotFoundError):
+                    self.run(call())
+                return
+            try:
+                expected = next_state(state, action)
+            except TransitionError:
+                with pytest.raises(TransitionError):
+                    self.run(call())
+                assert self.run(self.backend.inspect(sandbox_id)).state is state, "a refused action changes nothing"
+                return
+            result = self.run(call())
+            if action is not Action.SNAPSHOT:
+                assert result.state is expected
+                assert (result.host is not None) == (expected is State.RUNNING)
+            self.model[sandbox_id] = expected
+
+        @rule(sandbox_id=sandboxes)
+        def start(self, sandbox_id: str) -> None:
+            self._act(sandbox_id, Action.START, lambda: self.backend.start(sandbox_id))
+
+        @rule(sandbox_id=sandboxes, memory=st.booleans())
+        def pause(self, sandbox_id: str, memory: bool) -> None:
+            action = Action.PAUSE_MEMORY if memory else Action.PAUSE_FILESYSTEM
+            self._act(sandbox_id, action, lambda: self.backend.pause(sandbox_id, memory=memory))
+
+        @rule(sandbox_id=sandboxes)
+        def resume(self, sandbox_id: str) -> None:
+            self._act(sandbox_id, Action.RESUME, lambda: self.backend.resume(sandbox_id))
+
+        @rule(sandbox_id=sandboxes)
+        def snapshot(self, sandbox_id: str) -> None:
+            state = self.model.get(sandbox_id)
+            if state is None:
+                with pytest.raises(SandboxNotFoundError):
+                    self.run(self.backend.snapshot(sandbox_id))
+                return
+            try:
+                next_state(state, Action.SNAPSHOT)
+            except TransitionError:
+                with pytest.raises(TransitionError):
+                    self.run(self.backend.snapshot(sandbox_id))
+                return
+            self.snapshots.append(self.run(self.backend.snapshot(sandbox_id)))
+            assert self.run(self.backend.inspect(sandbox_id)).state is state, "a snapshot keeps the source as it was"
+
+        @rule(target=sandboxes, data=st.data())
+        def create_from_snapshot(self, data: st.DataObject) -> str:
+            if not self.snapshots:
+                sandbox_id = self._new_id()
+                with pytest.raises(TemplateNotFoundError):
+                    self.run(self.backend.create(SandboxSpec(sandbox_id, "snap-does-not-exist")))
+                return sandbox_id
+            snapshot_id = data.draw(st.sampled_from(self.snapshots))
+            sandbox_id = self._new_id()
+            self.run(self.backend.create(SandboxSpec(sandbox_id, snapshot_id, limits=Limits(1, 256, 256))))
+            self.model[sandbox_id] = State.CREATED
+            return sandbox_id
+
+        @rule(sandbox_id=consumes(sandboxes))
+        def kill(self, sandbox_id: str) -> None:
+            existed = sandbox_id in self.model
+            assert self.run(self.backend.kill(sandbox_id)) is existed
+            assert self.run(self.backend.kill(sandbox_id)) is False, "kill is idempotent"
+            self.model.pop(sandbox_id, None)
+            with pytest.raises(SandboxNotFoundError):
+                self.run(self.backend.inspect(sandbox_id))
+
+        @invariant()
+        def listing_matches_the_model(self) -> None:
+            listed = {info.sandbox_id: info.state for info in self.run(self.backend.list())}
+            assert listed == self.model
+
+        def teardown(self) -> None:
+            for sandbox_id in list(self.model):
+                self.run(self.backend.kill(sandbox_id))
+            self.loop.close()
+
+    BackendMachine.TestCase.settings = settings(max_examples=max_steps, stateful_step_count=12, deadline=None)
+    return BackendMachine
+
+
+def test_fake_backend_conformance() -> None:
+    machine = backend_machine(FakeBackend, "base", max_steps=60)
+    machine.TestCase().runTest()

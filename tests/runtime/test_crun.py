@@ -1,0 +1,264 @@
+"""Real sandboxes on crun: conformance, isolation, limits, pause, snapshots, crash recovery, leaks.
+
+Needs root, crun and the ``base`` template (built once, then cached); CI runs these as root.
+Each test kills what it created; the leak test checks that killing really releases all of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+from contract.generated.process import process_connect
+from contract.generated.process import process_pb2 as ppb
+from runtime import _host, _network
+from runtime._backend import Limits, SandboxSpec, State
+from runtime._crun import CGROUP_PARENT, CrunBackend
+
+from .test_backend_conformance import backend_machine
+
+pytestmark = [
+    pytest.mark.artifacts,
+    pytest.mark.skipif(os.geteuid() != 0, reason="crun sandboxes need root (namespaces, mounts, cgroups)"),
+]
+
+T = TypeVar("T")
+SMALL = Limits(cpu_count=1, memory_mb=256, pids=128)
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+@pytest.fixture(scope="module")
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    _host.prepare(say=lambda msg: print(f"host set-up: {msg}"))
+    return tmp_path_factory.mktemp("crun-state")
+
+
+@pytest.fixture
+def backend(state_dir: Path) -> Iterator[CrunBackend]:
+    crun = CrunBackend(state_dir)
+    yield crun
+    for info in run(crun.list()):
+        run(crun.kill(info.sandbox_id))
+
+
+def shell(host: str, command: str, timeout_ms: int = 20_000) -> tuple[int, bytes, bytes]:
+    """Run a command in the sandbox through its agent; (exit code, stdout, stderr)."""
+    client = process_connect.ProcessClientSync(f"http://{host}:49983", timeout_ms=timeout_ms)
+    out, err, code = b"", b"", None
+    for response in client.start(ppb.StartRequest(process=ppb.ProcessConfig(cmd="/bin/bash", args=["-c", command]))):
+        event = response.event
+        if event.HasField("data"):
+            out += event.data.stdout
+            err += event.data.stderr
+        if event.HasField("end"):
+            code = event.end.exit_code
+    assert code is not None
+    return code, out, err
+
+
+def started(backend: CrunBackend, sandbox_id: str, template: str = "base", limits: Limits = SMALL) -> str:
+    run(backend.create(SandboxSpec(sandbox_id, template, limits=limits)))
+    info = run(backend.start(sandbox_id))
+    assert info.host is not None
+    return info.host
+
+
+def test_crun_backend_conformance(state_dir: Path) -> None:
+    machine = backend_machine(lambda: CrunBackend(state_dir), "base", max_steps=4)
+    machine.TestCase().runTest()
+
+
+def test_agent_answers_and_processes_are_isolated(backend: CrunBackend) -> None:
+    host = started(backend, "iso1")
+    assert httpx.get(f"http://{host}:49983/health").status_code == 204
+    code, out, _ = shell(host, "ps -e -o pid=")
+    pids = [int(p) for p in out.split()]
+    assert code == 0
+    assert 1 in pids
+    assert os.getpid() not in pids or len(pids) < 10, "host processes are not visible"
+    assert len(pids) < 10
+    _, hostname, _ = shell(host, "hostname")
+    assert hostname.strip() == b"iso1"
+
+
+def test_sandboxes_do_not_share_files_or_reach_each_other(backend: CrunBackend) -> None:
+    a = started(backend, "isoa")
+    b = started(backend, "isob")
+    assert shell(a, "echo secret > /home/user/secret.txt")[0] == 0
+    assert shell(b, "test -e /home/user/secret.txt")[0] != 0
+    shell(a, "nohup python3 -m http.server 8000 --bind 0.0.0.0 >/dev/null 2>&1 &")
+    for _ in range(50):
+        try:
+            if httpx.get(f"http://{a}:8000/", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+    else:
+        pytest.fail("the host cannot reach a port inside the sandbox")
+    code, _, _ = shell(b, f"curl -s -m 2 -o /dev/null http://{a}:8000/")
+    assert code != 0, "one sandbox must not reach another's ports"
+
+
+def test_host_services_are_unreachable(backend: CrunBackend) -> None:
+    server = socket.socket()
+    server.bind(("0.0.0.0", 0))  # the point is a host service on every address
+    server.listen()
+    port = server.getsockname()[1]
+    accepted: list[object] = []
+    thread = threading.Thread(target=lambda: accepted.append(server.accept()), daemon=True)
+    thread.start()
+    try:
+        host = started(backend, "isoh")
+        net = _network.SandboxNetwork.from_record(backend._record("isoh").network or {})
+        for target in ("127.0.0.1", str(net.host_ip)):
+            code, _, _ = shell(host, f"curl -s -m 2 -o /dev/null http://{target}:{port}/")
+            assert code != 0, f"a host service was reachable at {target}"
+        assert shell(host, "ip route | grep -c default || true")[1].strip() == b"0", "no default route: no egress"
+    finally:
+        server.close()
+    assert not accepted
+
+
+def test_fork_bomb_is_stopped_by_the_pids_limit(backend: CrunBackend) -> None:
+    host = started(backend, "lim1", limits=Limits(cpu_count=1, memory_mb=256, pids=64))
+    shell(host, "setsid bash -c 'bomb() { bomb | bomb & }; bomb' >/dev/null 2>&1 </dev/null &")
+    time.sleep(3)
+    assert run(backend.metrics("lim1")).pids <= 64
+    # The agent was already running: it still answers, and the host is unaffected.
+    assert httpx.get(f"http://{host}:49983/health", timeout=5).status_code == 204
+    # A filesystem pause ends every process in the sandbox; it comes back healthy.
+    run(backend.pause("lim1", memory=False))
+    host = run(backend.resume("lim1")).host or ""
+    assert shell(host, "echo recovered")[1] == b"recovered\n"
+
+
+def test_memory_hog_is_stopped_by_the_memory_limit(backend: CrunBackend) -> None:
+    host = started(backend, "lim2", limits=Limits(cpu_count=1, memory_mb=256, pids=128))
+    code, out, _ = shell(host, "python3 -c 'x = bytearray(1024 * 1024 * 1024); print(len(x))'")
+    assert code != 0, "a 1 GiB allocation must fail inside a 256 MiB sandbox"
+    assert out == b""
+    assert httpx.get(f"http://{host}:49983/health", timeout=5).status_code == 204, "the agent survived"
+
+
+def test_writes_never_reach_the_template(backend: CrunBackend) -> None:
+    host = started(backend, "tpl1")
+    assert shell(host, "echo changed > /etc/sandbox-marker && rm -f /etc/issue")[0] == 0
+    lowers = backend._record("tpl1").lowers
+    template_root = Path(lowers[-1])
+    assert not (template_root / "etc" / "sandbox-marker").exists()
+    assert (template_root / "etc" / "issue").exists()
+
+
+def test_pause_resume_memory_and_filesystem(backend: CrunBackend) -> None:
+    host = started(backend, "pz1")
+    _, pid, _ = shell(host, "nohup sleep 600 >/dev/null 2>&1 & echo $!")
+    shell(host, "echo kept > /home/user/kept.txt")
+    assert run(backend.pause("pz1", memory=True)).state is State.PAUSED
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://{host}:49983/health", timeout=1)
+    run(backend.resume("pz1"))
+    assert shell(host, f"kill -0 {pid.decode().strip()}")[0] == 0, "a memory pause keeps processes"
+    run(backend.pause("pz1", memory=False))
+    host = run(backend.resume("pz1")).host or ""
+    assert shell(host, f"kill -0 {pid.decode().strip()}")[0] != 0, "a filesystem pause ends processes"
+    assert shell(host, "cat /home/user/kept.txt")[1] == b"kept\n", "but keeps files"
+
+
+def test_snapshot_is_a_template(backend: CrunBackend) -> None:
+    host = started(backend, "sn1")
+    shell(
+        host, "echo data > /home/user/snap.txt && chown 1000:1000 /home/user/snap.txt && chmod 640 /home/user/snap.txt"
+    )
+    snapshot_id = run(backend.snapshot("sn1"))
+    assert run(backend.inspect("sn1")).state is State.RUNNING, "the source keeps running"
+    run(backend.kill("sn1"))
+    restored = started(backend, "sn2", template=snapshot_id)
+    assert (
+        shell(restored, "stat -c '%u:%g:%a' /home/user/snap.txt; cat /home/user/snap.txt")[1]
+        == b"1000:1000:640\ndata\n"
+    )
+    assert shell(restored, "echo more >> /home/user/snap.txt")[0] == 0, "writable, copy-on-write"
+    assert backend.snapshot_in_use(snapshot_id)
+    run(backend.kill("sn2"))
+    assert backend.delete_snapshot(snapshot_id)
+    assert not backend.delete_snapshot(snapshot_id)
+
+
+def test_reconcile_after_a_crash(state_dir: Path) -> None:
+    first = CrunBackend(state_dir)
+    started(first, "rc1")
+    run(first.create(SandboxSpec("rc2", "base", limits=SMALL)))
+    record = first._record("rc2")
+    # A crash mid-create: the record says a mount exists that never was made.
+    record.mounted = True
+    record.container = "e2b-rc2-gone"
+    first._save(record)
+    subprocess.run(["umount", str(state_dir / "sandboxes" / "rc2" / "bundle" / "rootfs")], check=True)
+    second = CrunBackend(state_dir)  # a new server process
+    report = run(second.reconcile())
+    assert "rc1" in report.adopted
+    assert "rc2" in report.cleaned
+    assert [i.sandbox_id for i in run(second.list())] == ["rc1"]
+    assert run(second.kill("rc1"))
+
+
+def _leftovers(state_dir: Path, ids: list[str]) -> list[str]:
+    found = []
+    mounts = Path("/proc/mounts").read_text()
+    for sandbox_id in ids:
+        if f"/sandboxes/{sandbox_id}/" in mounts:
+            found.append(f"mount of {sandbox_id}")
+        for controller in ("memory", "pids", "cpu", "cpuacct", "freezer", "devices"):
+            if Path(f"/sys/fs/cgroup/{controller}/{CGROUP_PARENT}/{sandbox_id}").exists():
+                found.append(f"{controller} cgroup of {sandbox_id}")
+        if (state_dir / "sandboxes" / sandbox_id).exists():
+            found.append(f"directory of {sandbox_id}")
+        net = _network.plan(sandbox_id, _network.AddressPool().allocate(set()))
+        if any(_network.exists(net).values()):
+            found.append(f"network of {sandbox_id}")
+    crun_state = subprocess.run(
+        ["crun", "--root", str(state_dir / "crun"), "list", "-q"], capture_output=True, text=True, check=False
+    ).stdout.split()
+    found += [f"container {c}" for c in crun_state if any(f"e2b-{i}-" in c for i in ids)]
+    return found
+
+
+def test_nothing_leaks(state_dir: Path) -> None:
+    backend = CrunBackend(state_dir)
+    ids = [f"lk{i}" for i in range(50)]
+
+    async def churn() -> None:
+        for index, sandbox_id in enumerate(ids):
+            await backend.create(SandboxSpec(sandbox_id, "base", limits=SMALL))
+            if index % 5 == 0:
+                start = asyncio.ensure_future(backend.start(sandbox_id))
+                await asyncio.sleep(0.05)  # killed mid-start
+                await backend.kill(sandbox_id)
+                await asyncio.gather(start, return_exceptions=True)
+                continue
+            if index % 5 != 1:
+                await backend.start(sandbox_id)
+            if index % 5 == 2:
+                await backend.pause(sandbox_id, memory=True)
+            if index % 5 == 3:
+                await backend.pause(sandbox_id, memory=False)
+            await backend.kill(sandbox_id)
+
+    run(churn())
+    run(backend.reconcile())
+    assert _leftovers(state_dir, ids) == []
+    print(f"50 sandboxes created and killed; python {sys.version.split()[0]}")
