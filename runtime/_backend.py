@@ -94,7 +94,11 @@ class SandboxSpec:
     env: dict[str, str] = field(default_factory=dict)
     limits: Limits = field(default_factory=Limits)
     hostname: str | None = None
+    # Egress (only where the operator lets the host forward): allow_out wins over deny_out,
+    # everything else follows allow_internet_access, as E2B's network fields do.
     allow_internet_access: bool = False
+    allow_out: tuple[str, ...] = ()
+    deny_out: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,12 @@ class Backend(Protocol):
 
     async def snapshot(self, sandbox_id: str) -> str:
         """Capture the writable layer as a new template; returns its id."""
+        ...
+
+    async def update_network(
+        self, sandbox_id: str, *, allow_internet_access: bool, allow_out: tuple[str, ...], deny_out: tuple[str, ...]
+    ) -> None:
+        """Change a live sandbox's egress rules."""
         ...
 
     async def address(self, sandbox_id: str, port: int) -> tuple[str, int]:

@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from . import _network, _oci
+from . import _idmap, _network, _oci
 from ._backend import (
     Action,
     BackendError,
@@ -66,6 +66,7 @@ class Record:
     lowers: list[str]
     state: str
     network: dict[str, Any] | None = None
+    idmapped: list[str] = field(default_factory=list)  # idmapped binds of template lowers
     mounted: bool = False
     container: str | None = None
     spec: dict[str, Any] = field(default_factory=dict)
@@ -97,9 +98,14 @@ class CrunBackend:
         pool: _network.AddressPool | None = None,
         templates_root: Path | None = None,
         crun: str = "crun",
+        id_mapping: _idmap.Mapping | None = _idmap.DEFAULT_MAPPING,  # None: sandbox root is host root
     ) -> None:
         self._dir = state_dir
         self._crun = crun
+        self._mapping = id_mapping
+        self._userns_fd = _idmap.userns_fd(id_mapping) if id_mapping is not None else None
+        if id_mapping is not None:
+            _check_traversable(state_dir)
         self._pool = pool or _network.AddressPool()
         self._templates_root = templates_root
         self._locks: dict[str, asyncio.Lock] = {}
@@ -180,6 +186,8 @@ class CrunBackend:
                     "limits": spec.limits.__dict__,
                     "command": list(command),
                     "egress": spec.allow_internet_access,
+                    "allow_out": list(spec.allow_out),
+                    "deny_out": list(spec.deny_out),
                 },
             )
             self._save(record)
@@ -196,7 +204,8 @@ class CrunBackend:
         net = _network.plan(record.sandbox_id, self._pool.allocate(used))
         record.network = net.to_record()
         self._save(record)  # recorded before it exists
-        _network.create(net, egress=bool(record.spec["egress"]))
+        _network.create(net, egress=bool(record.spec["egress"]), policy=_policy(record.spec))
+        lowers = self._map_lowers(record)
         record.mounted = True
         self._save(record)
         _run(
@@ -205,10 +214,35 @@ class CrunBackend:
             "overlay",
             "overlay",
             "-o",
-            f"lowerdir={':'.join(record.lowers)},upperdir={home / 'upper'},workdir={home / 'work'}",
+            f"lowerdir={':'.join(lowers)},upperdir={home / 'upper'},workdir={home / 'work'}",
             str(home / "bundle" / "rootfs"),
         )
         self._write_bundle(record, net)
+
+    def _map_lowers(self, record: Record) -> list[str]:
+        """Lower layers as the overlay sees them: templates through read-only idmapped binds.
+
+        Snapshot layers were written by a sandbox's root, so they already carry the shifted
+        owners and are used as they are. The writable layer belongs to the sandbox's root.
+        """
+        if self._mapping is None or self._userns_fd is None:
+            return record.lowers
+        home = self._home(record.sandbox_id)
+        snapshots = str(self._dir / "snapshots")
+        mapped = []
+        for index, lower in enumerate(record.lowers):
+            if lower.startswith(snapshots):
+                mapped.append(lower)
+                continue
+            target = home / "lowers" / str(index)
+            target.mkdir(parents=True, exist_ok=True)
+            record.idmapped.append(str(target))
+            self._save(record)  # recorded before it exists
+            _idmap.idmapped_bind(lower, str(target), self._userns_fd)
+            mapped.append(str(target))
+        for name in ("upper", "work"):
+            os.chown(home / name, self._mapping.base, self._mapping.base)
+        return mapped
 
     def _write_bundle(self, record: Record, net: _network.SandboxNetwork) -> None:
         home = self._home(record.sandbox_id)
@@ -226,6 +260,7 @@ class CrunBackend:
             command=tuple(record.spec["command"]),
             env={"E2B_SANDBOX": "true", "E2B_SANDBOX_ID": record.sandbox_id, "E2B_TEMPLATE_ID": record.template},
             limits=_limits(record),
+            id_mapping=self._mapping.oci() if self._mapping is not None else None,
         )
         (bundle / "config.json").write_text(json.dumps(_oci.config(plan), indent=1))
 
@@ -321,15 +356,20 @@ class CrunBackend:
         if record.container:
             self._delete_container(record.container)
         rootfs = home / "bundle" / "rootfs"
-        if record.mounted and os.path.ismount(rootfs):
-            _run("umount", str(rootfs), check=False)
-            if os.path.ismount(rootfs):
-                _run("umount", "-l", str(rootfs))
+        for mount_point in [str(rootfs), *reversed(record.idmapped)]:
+            # The mount table, not os.path.ismount: a bind from the same filesystem has the same st_dev.
+            if _is_mount(mount_point):
+                _run("umount", mount_point, check=False)
+                if _is_mount(mount_point):
+                    _run("umount", "-l", mount_point)
         if record.network:
             _network.destroy(_network.SandboxNetwork.from_record(record.network))
         for controller in ("memory", "pids", "cpu", "cpuacct", "cpuset", "devices", "freezer", "blkio", "hugetlb"):
             with contextlib.suppress(OSError):
                 os.rmdir(f"/sys/fs/cgroup/{controller}/{CGROUP_PARENT}/{record.sandbox_id}")
+        still = _mounts_under(home)
+        if still:  # never delete through a mount: it could reach a template
+            raise BackendError(f"{record.sandbox_id}: still mounted, not deleting: {', '.join(still)}")
         shutil.rmtree(home, ignore_errors=True)
 
     async def inspect(self, sandbox_id: str) -> SandboxInfo:
@@ -343,7 +383,10 @@ class CrunBackend:
         return out
 
     async def list(self) -> list[SandboxInfo]:
-        return [self._info(r) for r in self._records()]
+        records = self._records()
+        for record in records:  # listing is the server's periodic sweep: keep logs bounded there
+            _trim(self._home(record.sandbox_id) / "logs" / "sandbox.log")
+        return [self._info(r) for r in records]
 
     async def metrics(self, sandbox_id: str) -> Metrics:
         record = self._record(sandbox_id)
@@ -399,6 +442,18 @@ class CrunBackend:
         shutil.rmtree(target)
         return True
 
+    async def update_network(
+        self, sandbox_id: str, *, allow_internet_access: bool, allow_out: tuple[str, ...], deny_out: tuple[str, ...]
+    ) -> None:
+        async with self._lock(sandbox_id):
+            record = self._record(sandbox_id)
+            if record.network is None:
+                raise TransitionError(f"sandbox {sandbox_id} has no network yet")
+            record.spec.update(egress=allow_internet_access, allow_out=list(allow_out), deny_out=list(deny_out))
+            net = _network.SandboxNetwork.from_record(record.network)
+            await asyncio.to_thread(_network.set_policy, net, egress=allow_internet_access, policy=_policy(record.spec))
+            self._save(record)
+
     async def address(self, sandbox_id: str, port: int) -> tuple[str, int]:
         record = self._record(sandbox_id)
         if record.state != State.RUNNING.value or record.network is None:
@@ -416,7 +471,7 @@ class CrunBackend:
                 "running",
                 "paused",
             )
-            mounted = os.path.ismount(self._home(record.sandbox_id) / "bundle" / "rootfs")
+            mounted = _is_mount(str(self._home(record.sandbox_id) / "bundle" / "rootfs"))
             intact_running = record.state in (State.RUNNING.value, State.PAUSED.value) and alive and mounted
             intact_idle = record.state in (State.CREATED.value, State.STOPPED.value) and mounted and not alive
             if intact_running or intact_idle:
@@ -447,6 +502,11 @@ class CrunBackend:
         except FileNotFoundError:
             return b""
         return data[-limit:]
+
+
+def _policy(spec: dict[str, Any]) -> _network.EgressPolicy | None:
+    allow, deny = tuple(spec.get("allow_out", ())), tuple(spec.get("deny_out", ()))
+    return _network.EgressPolicy(allow, deny) if allow or deny else None
 
 
 def _limits(record: Record) -> Limits:
@@ -501,6 +561,30 @@ def _trim(log: Path) -> None:
             handle.seek(0)
             handle.write(tail)
             handle.truncate()
+
+
+def _check_traversable(folder: Path) -> None:
+    """The sandbox's root is an unprivileged host uid: it must be able to walk to its bundle."""
+    for part in [folder, *folder.parents]:
+        if part.exists() and not part.stat().st_mode & 0o001:
+            raise BackendError(
+                f"{part} is not searchable by other users (mode {part.stat().st_mode & 0o777:o}); "
+                "sandboxes run as an unprivileged uid and need to reach their bundles"
+            )
+
+
+def _mount_points() -> list[str]:
+    with open("/proc/self/mounts", encoding="utf-8") as mounts:
+        return [line.split()[1].replace("\\040", " ") for line in mounts if len(line.split()) > 1]
+
+
+def _is_mount(path: str) -> bool:
+    return path.rstrip("/") in _mount_points()
+
+
+def _mounts_under(folder: Path) -> list[str]:
+    prefix = str(folder).rstrip("/") + "/"
+    return [point for point in _mount_points() if point.startswith(prefix)]
 
 
 def _read_int(path: str) -> int:

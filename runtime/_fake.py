@@ -8,7 +8,7 @@ kinds of pause, a snapshot copies them, a sandbox started from a snapshot sees t
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ._backend import (
     Action,
@@ -101,6 +101,14 @@ class FakeBackend:
         snapshot_id = f"snap-fake-{next(self._snapshot_ids)}"
         self.templates[snapshot_id] = dict(sandbox.files)
         return snapshot_id
+
+    async def update_network(
+        self, sandbox_id: str, *, allow_internet_access: bool, allow_out: tuple[str, ...], deny_out: tuple[str, ...]
+    ) -> None:
+        sandbox = self._get(sandbox_id)
+        sandbox.spec = replace(
+            sandbox.spec, allow_internet_access=allow_internet_access, allow_out=allow_out, deny_out=deny_out
+        )
 
     async def address(self, sandbox_id: str, port: int) -> tuple[str, int]:
         sandbox = self._get(sandbox_id)

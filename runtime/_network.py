@@ -85,6 +85,7 @@ __all__ = [
     "NETNS_PREFIX",
     "SANDBOX_IF_PREFIX",
     "AddressPool",
+    "EgressPolicy",
     "NamesTakenError",
     "NetworkError",
     "PoolExhaustedError",
@@ -98,7 +99,9 @@ __all__ = [
     "host_firewall_present",
     "list_owned",
     "plan",
+    "policy_script",
     "remove_host_firewall",
+    "set_policy",
 ]
 
 DEFAULT_POOL = ipaddress.IPv4Network("10.201.0.0/16")
@@ -109,7 +112,8 @@ HOST_IF_PREFIX = "e2bh"
 SANDBOX_IF_PREFIX = "e2bs"
 FIREWALL_TABLE = "e2b_compat"
 EGRESS_SET = "egress"
-COUNTERS = ("sandbox_to_host", "sandbox_to_sandbox", "into_sandbox", "egress_denied")
+COUNTERS = ("sandbox_to_host", "sandbox_to_sandbox", "into_sandbox", "egress_denied", "policy_denied")
+POLICY_MAP = "policies"
 
 _IFNAMSIZ = 15  # bytes, without the terminating NUL
 _HASH_CHARS = 8
@@ -281,7 +285,61 @@ def _egress_script(host_if: str, *, allow: bool) -> str:
     return lines
 
 
-def create(net: SandboxNetwork, *, egress: bool = False) -> None:
+@dataclass(frozen=True)
+class EgressPolicy:
+    """E2B's network fields: ``allowOut`` wins over ``denyOut``; the rest follows ``egress``.
+
+    Applies only to traffic the host forwards at all (see `enable_host_forwarding`).
+    """
+
+    allow_out: tuple[str, ...] = ()
+    deny_out: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for cidr in (*self.allow_out, *self.deny_out):
+            ipaddress.ip_network(cidr, strict=False)  # ValueError for anything that is not an address or CIDR
+
+    def needs_route(self, egress: bool) -> bool:
+        return egress or bool(self.allow_out)
+
+
+def _policy_chain(host_if: str) -> str:
+    return f"p_{host_if}"
+
+
+def policy_script(host_if: str, policy: EgressPolicy | None) -> str:
+    """``nft -f`` lines that replace (or, for None, remove) a sandbox's allow/deny chain."""
+    chain = f"{_TABLE} {_policy_chain(host_if)}"
+    # add-then-delete removes whether or not it existed (Debian 12's nft has no "destroy").
+    lines = [
+        f"add chain {chain}",
+        f'add element {_TABLE} {POLICY_MAP} {{ "{host_if}" : jump {_policy_chain(host_if)} }}',
+        f'delete element {_TABLE} {POLICY_MAP} {{ "{host_if}" }}',
+        f"flush chain {chain}",
+    ]
+    if policy is None:
+        lines.append(f"delete chain {chain}")
+        return "\n".join(lines) + "\n"
+    for verdict, cidrs in (("accept", policy.allow_out), ('counter name "policy_denied" drop', policy.deny_out)):
+        for cidr in cidrs:
+            family = "ip6" if ipaddress.ip_network(cidr, strict=False).version == 6 else "ip"
+            lines.append(f"add rule {chain} {family} daddr {cidr} {verdict}")
+    lines.append(f'add element {_TABLE} {POLICY_MAP} {{ "{host_if}" : jump {_policy_chain(host_if)} }}')
+    return "\n".join(lines) + "\n"
+
+
+def set_policy(net: SandboxNetwork, *, egress: bool, policy: EgressPolicy | None) -> None:
+    """Change a live sandbox's egress: membership of the egress set, its chain, its default route."""
+    _check(["nft", "-f", "-"], _egress_script(net.host_if, allow=egress) + policy_script(net.host_if, policy))
+    wants_route = (policy or EgressPolicy()).needs_route(egress)
+    has_route = bool(_run(["ip", "-n", net.netns, "-4", "route", "show", "default"]).stdout.strip())
+    if wants_route and not has_route:
+        _check(["ip", "-n", net.netns, "route", "add", "default", "via", str(net.host_ip), "dev", net.sandbox_if])
+    elif has_route and not wants_route:
+        _check(["ip", "-n", net.netns, "route", "del", "default"])
+
+
+def create(net: SandboxNetwork, *, egress: bool = False, policy: EgressPolicy | None = None) -> None:
     """Create the netns and the veth pair; without ``egress`` the sandbox has no default route.
 
     Needs the host firewall (`ensure_host_firewall`): the first step sets the host end's
@@ -293,7 +351,7 @@ def create(net: SandboxNetwork, *, egress: bool = False) -> None:
     if taken:
         raise NamesTakenError(f"{net.netns}/{net.host_if}: {', '.join(taken)} already exist(s)")
     try:
-        _check(["nft", "-f", "-"], _egress_script(net.host_if, allow=egress))
+        _check(["nft", "-f", "-"], _egress_script(net.host_if, allow=egress) + policy_script(net.host_if, policy))
     except NetworkError as exc:
         if not host_firewall_present():
             raise NetworkError(f"the host firewall (table {_TABLE}) is missing: call ensure_host_firewall()") from exc
@@ -301,7 +359,8 @@ def create(net: SandboxNetwork, *, egress: bool = False) -> None:
     try:
         _check(["ip", "-batch", "-"], host_batch(net))
         Path(f"/proc/sys/net/ipv4/conf/{net.host_if}/rp_filter").write_text("1\n")
-        _check(["ip", "-n", net.netns, "-batch", "-"], sandbox_batch(net, egress=egress))
+        wants_route = (policy or EgressPolicy()).needs_route(egress)
+        _check(["ip", "-n", net.netns, "-batch", "-"], sandbox_batch(net, egress=wants_route))
     except BaseException:
         with contextlib.suppress(NetworkError):
             destroy(net)
@@ -312,7 +371,7 @@ def destroy(net: SandboxNetwork) -> None:
     """Remove the veth pair, the netns name and the egress membership; missing pieces are fine."""
     _run(["ip", "-force", "-batch", "-"], f"link del dev {net.host_if}\nnetns del {net.netns}\n")
     if shutil.which("nft") is not None:
-        done = _run(["nft", "-f", "-"], _egress_script(net.host_if, allow=False))
+        done = _run(["nft", "-f", "-"], _egress_script(net.host_if, allow=False) + policy_script(net.host_if, None))
         if done.returncode != 0 and host_firewall_present():
             raise NetworkError(f"removing {net.host_if} from the egress set failed: {done.stderr.strip()}")
     left = [name for name, present in exists(net).items() if present]
@@ -352,6 +411,7 @@ def firewall_script() -> str:
         f"add chain {_TABLE} input {{ type filter hook input priority filter; policy accept; }}",
         f"add chain {_TABLE} forward {{ type filter hook forward priority filter; policy accept; }}",
         f"add set {_TABLE} {EGRESS_SET} {{ type ifname; }}",
+        f"add map {_TABLE} {POLICY_MAP} {{ type ifname : verdict; }}",
         *(f"add counter {_TABLE} {name}" for name in COUNTERS),
         f"flush chain {_TABLE} input",
         f"flush chain {_TABLE} forward",
@@ -360,6 +420,8 @@ def firewall_script() -> str:
         f'add rule {_TABLE} forward iifname {sandbox} oifname {sandbox} counter name "sandbox_to_sandbox" drop',
         f"add rule {_TABLE} forward oifname {sandbox} ct state established,related accept",
         f'add rule {_TABLE} forward oifname {sandbox} counter name "into_sandbox" drop',
+        # A sandbox's own allow/deny lists (its chain, jumped to by interface) come first.
+        f"add rule {_TABLE} forward iifname {sandbox} iifname vmap @{POLICY_MAP}",
         f'add rule {_TABLE} forward iifname {sandbox} iifname != @{EGRESS_SET} counter name "egress_denied" drop',
     ]
     return "\n".join(lines) + "\n"

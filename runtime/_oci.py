@@ -4,8 +4,9 @@ Choices, and why:
 
 - PID 1 is ``tini``: the agent must not be PID 1, because PID 1 ignores signals it has no
   handler for and must reap orphans; tini does both and forwards signals.
-- Namespaces: pid, mount, uts, ipc, cgroup, and the network namespace the runtime prepared
-  (joined by path, so the veth set-up happens before the container exists).
+- Namespaces: pid, mount, uts, ipc, cgroup, user (root inside is an unprivileged uid on the
+  host; see ``_idmap``), and the network namespace the runtime prepared (joined by path, so
+  the veth set-up happens before the container exists).
 - Capabilities: the set container engines give by default, which the agent needs to run
   commands as other users (setuid/setgid), chown and create files for them; no
   ``no_new_privileges``, so ``sudo`` works for the sandbox user as in E2B templates.
@@ -111,6 +112,7 @@ class ContainerPlan:
     command: tuple[str, ...]  # the agent command (tini is put in front)
     env: dict[str, str]
     limits: Limits
+    id_mapping: list[dict[str, int]] | None = None  # user namespace: container 0 → an unprivileged host uid
 
 
 def _mount(destination: str, kind: str, source: str, options: list[str]) -> dict[str, Any]:
@@ -158,7 +160,9 @@ def config(plan: ContainerPlan) -> dict[str, Any]:
                 {"type": "mount"},
                 {"type": "cgroup"},
                 {"type": "network", "path": plan.netns_path},
+                *([{"type": "user"}] if plan.id_mapping else []),
             ],
+            **({"uidMappings": plan.id_mapping, "gidMappings": plan.id_mapping} if plan.id_mapping else {}),
             "resources": {
                 "memory": {"limit": plan.limits.memory_mb << 20, "swap": plan.limits.memory_mb << 20},
                 "pids": {"limit": plan.limits.pids},

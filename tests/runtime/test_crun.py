@@ -7,10 +7,13 @@ Each test kills what it created; the leak test checks that killing really releas
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Coroutine, Iterator
@@ -25,6 +28,7 @@ from contract.generated.process import process_pb2 as ppb
 from runtime import _host, _network
 from runtime._backend import Limits, SandboxSpec, State
 from runtime._crun import CGROUP_PARENT, CrunBackend
+from runtime.templates import ensure_template
 
 from .test_backend_conformance import backend_machine
 
@@ -42,9 +46,16 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 @pytest.fixture(scope="module")
-def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def state_dir() -> Iterator[Path]:
     _host.prepare(say=lambda msg: print(f"host set-up: {msg}"))
-    return tmp_path_factory.mktemp("crun-state")
+    ensure_template("base")  # built (or found) once, before anything is timed or generated
+    # Not under pytest's private temp root: sandbox root is an unprivileged uid and must reach its bundle.
+    folder = Path(tempfile.mkdtemp(prefix="e2b-compat-crun-", dir="/var/tmp"))
+    folder.chmod(0o755)
+    yield folder
+    leftovers = [line for line in Path("/proc/mounts").read_text().splitlines() if str(folder) in line]
+    assert not leftovers, f"mounts left behind: {leftovers}"
+    shutil.rmtree(folder)
 
 
 @pytest.fixture
@@ -93,6 +104,14 @@ def test_agent_answers_and_processes_are_isolated(backend: CrunBackend) -> None:
     assert len(pids) < 10
     _, hostname, _ = shell(host, "hostname")
     assert hostname.strip() == b"iso1"
+    # seccomp: even root inside cannot mount, make namespaces or load kernel modules.
+    for attempt in (
+        "mount -t tmpfs none /mnt",
+        "unshare --mount true",
+        "python3 -c 'import ctypes, os; assert ctypes.CDLL(None, use_errno=True).syscall(175, 0, 0, 0) == 0'",
+    ):
+        code, _, _ = shell(host, attempt)
+        assert code != 0, f"{attempt!r} succeeded inside the sandbox"
 
 
 def test_sandboxes_do_not_share_files_or_reach_each_other(backend: CrunBackend) -> None:
@@ -262,3 +281,38 @@ def test_nothing_leaks(state_dir: Path) -> None:
     run(backend.reconcile())
     assert _leftovers(state_dir, ids) == []
     print(f"50 sandboxes created and killed; python {sys.version.split()[0]}")
+
+
+def test_sandbox_root_is_unprivileged_on_the_host(backend: CrunBackend, state_dir: Path) -> None:
+    host = started(backend, "uid1")
+    assert shell(host, "id -u; stat -c %u:%g /etc/passwd /home/user")[1] == b"0\n0:0\n1000:1000\n"
+    shell(host, "echo x > /root/made-by-root")
+    container = backend._record("uid1").container or ""
+    state = subprocess.run(
+        ["crun", "--root", str(state_dir / "crun"), "state", container], capture_output=True, text=True, check=True
+    )
+    init_pid = json.loads(state.stdout)["pid"]
+    uids = next(line for line in Path(f"/proc/{init_pid}/status").read_text().splitlines() if line.startswith("Uid:"))
+    assert uids.split()[1:] == ["100000"] * 4, "root inside is uid 100000 outside"
+    written = state_dir / "sandboxes" / "uid1" / "upper" / "root" / "made-by-root"
+    assert (written.stat().st_uid, written.stat().st_gid) == (100000, 100000)
+
+
+def test_network_policy_is_applied_and_updated(backend: CrunBackend) -> None:
+    """Egress rules reach the host firewall; no traffic leaves the host (forwarding stays off)."""
+    run(backend.create(SandboxSpec("net1", "base", limits=SMALL, deny_out=("203.0.113.0/24",))))
+    host = run(backend.start("net1")).host or ""
+    net = _network.SandboxNetwork.from_record(backend._record("net1").network or {})
+
+    def table() -> str:
+        return subprocess.run(
+            ["nft", "list", "table", "inet", _network.FIREWALL_TABLE], capture_output=True, text=True, check=True
+        ).stdout
+
+    assert "ip daddr 203.0.113.0/24" in table()
+    assert shell(host, "ip route | grep -c default || true")[1].strip() == b"0"
+    run(backend.update_network("net1", allow_internet_access=True, allow_out=(), deny_out=()))
+    assert f"p_{net.host_if}" not in table()
+    assert shell(host, "ip route | grep -c default || true")[1].strip() == b"1", "egress on: a default route"
+    run(backend.kill("net1"))
+    assert net.host_if not in table()

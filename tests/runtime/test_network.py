@@ -474,6 +474,54 @@ def test_egress_only_for_members_of_the_egress_set(pair: Pair) -> None:
     assert not Path(f"/run/netns/{outside_ns}").exists()
 
 
+def test_allow_and_deny_lists_decide_before_the_egress_flag(pair: Pair) -> None:
+    """E2B's allowOut/denyOut: an allowed CIDR gets out without egress; a denied one stays in with it."""
+    outside_subnet = pair.subnets.take()
+    outside_ns = f"e2bt-{RUN}p"
+    tag = secrets.token_hex(4)
+    outside_host_if, outside_if = f"e2bx{tag}", f"e2by{tag}"
+    outside_host_ip, outside_ip = network.endpoints(outside_subnet)
+    setup = (
+        f"netns add {outside_ns}\n"
+        f"link add {outside_host_if} type veth peer name {outside_if} netns {outside_ns}\n"
+        f"addr add {outside_host_ip}/30 dev {outside_host_if}\n"
+        f"link set dev {outside_host_if} up\n"
+    )
+    d_net = network.plan(f"{RUN}-d", pair.subnets.take())
+    allow = network.EgressPolicy(allow_out=(f"{outside_ip}/32",))
+    try:
+        subprocess.run(["ip", "-batch", "-"], input=setup, text=True, check=True)
+        subprocess.run(
+            ["ip", "-n", outside_ns, "-batch", "-"],
+            input=f"addr add {outside_ip}/30 dev {outside_if}\nlink set dev {outside_if} up\n"
+            f"route add {TEST_POOL} via {outside_host_ip}\n",
+            text=True,
+            check=True,
+        )
+        network.create(d_net, egress=False, policy=allow)
+        try:
+            with server(outside_ns, "0.0.0.0", SANDBOX_PORT, "outside"), forwarding(d_net.host_if, outside_host_if):
+                # The allow list gives the sandbox a default route; send it only toward the stand-in.
+                in_netns(d_net.netns, "route", "del", "default")
+                with routes(d_net.netns, str(outside_subnet), via=d_net.host_ip):
+                    assert attempt(d_net.netns, str(outside_ip), SANDBOX_PORT) == ("connected", "outside")
+                    before = network.firewall_counters()
+                    deny = network.EgressPolicy(deny_out=(f"{outside_subnet}",))
+                    network.set_policy(d_net, egress=True, policy=deny)
+                    in_netns(d_net.netns, "route", "del", "default")  # set_policy added one: egress is on
+                    assert attempt(d_net.netns, str(outside_ip), SANDBOX_PORT)[0] == "timeout"
+                    assert dropped(before, "policy_denied") >= 1
+        finally:
+            network.destroy(d_net)
+        chains = subprocess.run(
+            ["nft", "list", "table", f"inet {network.FIREWALL_TABLE}"], capture_output=True, text=True, check=True
+        ).stdout
+        assert f"p_{d_net.host_if}" not in chains, "destroy removes the sandbox's policy chain"
+    finally:
+        subprocess.run(["ip", "link", "del", "dev", outside_host_if], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", outside_ns], capture_output=True, check=False)
+
+
 def _egress_elements() -> list[str]:
     out = subprocess.run(
         ["nft", "-j", "list", "set", "inet", network.FIREWALL_TABLE, network.EGRESS_SET],
