@@ -408,31 +408,56 @@ def test_sandbox_cannot_reach_host_services(pair: Pair) -> None:
                 assert attempt(a.netns, address, any_port)[0] == "timeout"
 
 
-@needs_root
-def test_egress_only_for_members_of_the_egress_set(pair: Pair) -> None:
-    """A stand-in for the outside world on this host: only an ``egress=True`` sandbox gets through."""
-    outside_subnet = pair.subnets.take()
-    outside_ns = f"e2bt-{RUN}"
+@dataclass(frozen=True)
+class Outside:
+    """A stand-in for the outside world: a namespace of the test's own, reached through the host."""
+
+    netns: str
+    subnet: IPv4Network
+    ip: ipaddress.IPv4Address
+    host_if: str
+
+
+@contextlib.contextmanager
+def stand_in_outside(pair: Pair, name: str) -> Iterator[Outside]:
+    subnet = pair.subnets.take()
+    netns = f"e2bt-{RUN}{name}"
     tag = secrets.token_hex(4)
-    outside_host_if, outside_if = f"e2bx{tag}", f"e2by{tag}"
-    outside_host_ip, outside_ip = network.endpoints(outside_subnet)
+    host_if, outside_if = f"e2bx{tag}", f"e2by{tag}"
+    host_ip, ip = network.endpoints(subnet)
     setup = (
-        f"netns add {outside_ns}\n"
-        f"link add {outside_host_if} type veth peer name {outside_if} netns {outside_ns}\n"
-        f"addr add {outside_host_ip}/30 dev {outside_host_if}\n"
-        f"link set dev {outside_host_if} up\n"
+        f"netns add {netns}\n"
+        f"link add {host_if} type veth peer name {outside_if} netns {netns}\n"
+        f"addr add {host_ip}/30 dev {host_if}\n"
+        f"link set dev {host_if} up\n"
     )
-    c_net = network.plan(f"{RUN}-c", pair.subnets.take())
     try:
         subprocess.run(["ip", "-batch", "-"], input=setup, text=True, check=True)
         subprocess.run(
-            ["ip", "-n", outside_ns, "-batch", "-"],
+            ["ip", "-n", netns, "-batch", "-"],
             input=(
-                f"addr add {outside_ip}/30 dev {outside_if}\nlink set dev {outside_if} up\n"
-                f"route add {TEST_POOL} via {outside_host_ip}\n"
+                f"addr add {ip}/30 dev {outside_if}\nlink set dev {outside_if} up\n"
+                f"route add {TEST_POOL} via {host_ip}\n"
             ),
             text=True,
             check=True,
+        )
+        yield Outside(netns, subnet, ip, host_if)
+    finally:
+        subprocess.run(["ip", "link", "del", "dev", host_if], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", netns], capture_output=True, check=False)
+
+
+@needs_root
+def test_egress_only_for_members_of_the_egress_set(pair: Pair) -> None:
+    """A stand-in for the outside world on this host: only an ``egress=True`` sandbox gets through."""
+    c_net = network.plan(f"{RUN}-c", pair.subnets.take())
+    with stand_in_outside(pair, "e") as outside:
+        outside_ns, outside_subnet, outside_ip, outside_host_if = (
+            outside.netns,
+            outside.subnet,
+            outside.ip,
+            outside.host_if,
         )
         with (
             made(c_net, egress=True) as c,
@@ -467,37 +492,21 @@ def test_egress_only_for_members_of_the_egress_set(pair: Pair) -> None:
                 assert attempt(outside_ns, str(c.sandbox_ip), SANDBOX_PORT)[0] == "timeout"
                 assert dropped(before, "into_sandbox") >= 1
         assert c_net.host_if not in _egress_elements()  # destroy took it out
-    finally:
-        subprocess.run(["ip", "link", "del", "dev", outside_host_if], capture_output=True, check=False)
-        subprocess.run(["ip", "netns", "del", outside_ns], capture_output=True, check=False)
-        network.destroy(c_net)
     assert not Path(f"/run/netns/{outside_ns}").exists()
 
 
+@needs_root
 def test_allow_and_deny_lists_decide_before_the_egress_flag(pair: Pair) -> None:
     """E2B's allowOut/denyOut: an allowed CIDR gets out without egress; a denied one stays in with it."""
-    outside_subnet = pair.subnets.take()
-    outside_ns = f"e2bt-{RUN}p"
-    tag = secrets.token_hex(4)
-    outside_host_if, outside_if = f"e2bx{tag}", f"e2by{tag}"
-    outside_host_ip, outside_ip = network.endpoints(outside_subnet)
-    setup = (
-        f"netns add {outside_ns}\n"
-        f"link add {outside_host_if} type veth peer name {outside_if} netns {outside_ns}\n"
-        f"addr add {outside_host_ip}/30 dev {outside_host_if}\n"
-        f"link set dev {outside_host_if} up\n"
-    )
     d_net = network.plan(f"{RUN}-d", pair.subnets.take())
-    allow = network.EgressPolicy(allow_out=(f"{outside_ip}/32",))
-    try:
-        subprocess.run(["ip", "-batch", "-"], input=setup, text=True, check=True)
-        subprocess.run(
-            ["ip", "-n", outside_ns, "-batch", "-"],
-            input=f"addr add {outside_ip}/30 dev {outside_if}\nlink set dev {outside_if} up\n"
-            f"route add {TEST_POOL} via {outside_host_ip}\n",
-            text=True,
-            check=True,
+    with stand_in_outside(pair, "p") as outside:
+        outside_ns, outside_subnet, outside_ip, outside_host_if = (
+            outside.netns,
+            outside.subnet,
+            outside.ip,
+            outside.host_if,
         )
+        allow = network.EgressPolicy(allow_out=(f"{outside_ip}/32",))
         network.create(d_net, egress=False, policy=allow)
         try:
             with server(outside_ns, "0.0.0.0", SANDBOX_PORT, "outside"), forwarding(d_net.host_if, outside_host_if):
@@ -517,9 +526,6 @@ def test_allow_and_deny_lists_decide_before_the_egress_flag(pair: Pair) -> None:
             ["nft", "list", "table", f"inet {network.FIREWALL_TABLE}"], capture_output=True, text=True, check=True
         ).stdout
         assert f"p_{d_net.host_if}" not in chains, "destroy removes the sandbox's policy chain"
-    finally:
-        subprocess.run(["ip", "link", "del", "dev", outside_host_if], capture_output=True, check=False)
-        subprocess.run(["ip", "netns", "del", outside_ns], capture_output=True, check=False)
 
 
 def _egress_elements() -> list[str]:
