@@ -113,6 +113,7 @@ def run(iterations: int, idle: int) -> dict[str, Any]:
     _host.prepare()
     template = ensure_template("base")
     state = Path(tempfile.mkdtemp(prefix="crun-bench-", dir="/var/tmp"))
+    state.chmod(0o755)  # sandbox root is an unprivileged host uid that must reach its bundle
     try:
         backend = CrunBackend(state)
         floor = _floor(template.rootfs, iterations)

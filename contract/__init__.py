@@ -23,21 +23,68 @@ Exceptions (see ``_errors``)::
 
 from __future__ import annotations
 
-from ._archive import ArtifactFiles
-from ._derive import CONTRACT_DIR, generate
-from ._drift import check, compare, write
-from ._errors import (
-    ArtifactDigestError,
-    ArtifactError,
-    ArtifactFetchError,
-    ContractError,
-    DriftError,
-    ExtractionError,
-    LockFileError,
-)
-from ._fetch import ArtifactStore, Downloader, NpmDownloader, PipDownloader, VerifiedArtifact, default_cache_root
-from ._inventory import Operation, load_inventory
-from ._lock import Artifact, Lock, load_lock
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
+
+if _TYPE_CHECKING:
+    from ._archive import ArtifactFiles
+    from ._derive import CONTRACT_DIR, generate
+    from ._drift import check, compare, write
+    from ._errors import (
+        ArtifactDigestError,
+        ArtifactError,
+        ArtifactFetchError,
+        ContractError,
+        DriftError,
+        ExtractionError,
+        LockFileError,
+    )
+    from ._fetch import ArtifactStore, Downloader, NpmDownloader, PipDownloader, VerifiedArtifact, default_cache_root
+    from ._inventory import Operation, load_inventory
+    from ._lock import Artifact, Lock, load_lock
+
+# Loaded on first use (PEP 562): the sandbox agent imports ``contract.generated`` and must
+# not pay for the derivation toolchain (tree-sitter parsers, protoc wrappers) it never uses.
+_LAZY = {
+    "ArtifactFiles": "_archive",
+    "CONTRACT_DIR": "_derive",
+    "generate": "_derive",
+    "check": "_drift",
+    "compare": "_drift",
+    "write": "_drift",
+    **dict.fromkeys(
+        (
+            "ArtifactDigestError",
+            "ArtifactError",
+            "ArtifactFetchError",
+            "ContractError",
+            "DriftError",
+            "ExtractionError",
+            "LockFileError",
+        ),
+        "_errors",
+    ),
+    **dict.fromkeys(
+        ("ArtifactStore", "Downloader", "NpmDownloader", "PipDownloader", "VerifiedArtifact", "default_cache_root"),
+        "_fetch",
+    ),
+    "Operation": "_inventory",
+    "load_inventory": "_inventory",
+    "Artifact": "_lock",
+    "Lock": "_lock",
+    "load_lock": "_lock",
+}
+
+
+def __getattr__(name: str) -> _Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CONTRACT_DIR",

@@ -57,10 +57,10 @@ def run_as(user: User | None, fn: Callable[[], T]) -> T:
     """Call ``fn`` in the current thread with ``user``'s file-system credentials."""
     if user is None or not _PRIVILEGED or (user.uid == 0 and user.gid == 0):
         return fn()
-    _set_thread_credentials(user.uid, user.gid, user.groups)
     try:
+        _set_thread_credentials(user.uid, user.gid, user.groups)
         return fn()
-    finally:
+    finally:  # also after a partial switch: a pooled thread must never keep a user's credentials
         _set_thread_credentials(os.geteuid(), os.getegid(), _OWN_GROUPS)
 
 

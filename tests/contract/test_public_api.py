@@ -24,3 +24,16 @@ def test_exception_tree() -> None:
     assert issubclass(contract.ArtifactFetchError, contract.ArtifactError)
     for exc in (contract.ArtifactError, contract.LockFileError, contract.ExtractionError, contract.DriftError):
         assert issubclass(exc, contract.ContractError)
+
+
+def test_generated_code_does_not_load_the_toolchain() -> None:
+    """The agent imports ``contract.generated``; the derivation modules must stay unloaded."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, contract.generated.process.process_pb2\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('contract._', 'tree_sitter'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
