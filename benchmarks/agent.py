@@ -32,8 +32,13 @@ PORT = 49983
 def _spawn_samples(argv: list[str], iterations: int) -> list[float]:
     # The environment the agent gives a command it starts as root (PATH, HOME, USER, LOGNAME):
     # a login shell's start-up depends on it, so the floor must use the same.
-    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "USER": "root",
-           "LOGNAME": "root", "E2B_SANDBOX": "true"}
+    env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": "/root",
+        "USER": "root",
+        "LOGNAME": "root",
+        "E2B_SANDBOX": "true",
+    }
     samples = []
     for _ in range(iterations):
         start = time.perf_counter()

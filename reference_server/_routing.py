@@ -1,7 +1,7 @@
 """Where a request that reaches the edge goes, decided from its Host and routing headers alone.
 
-One configured domain carries three kinds of host. The official clients build them by string
-concatenation, so a domain with a ``:port`` works everywhere (docs/ARCHITECTURE.md):
+One configured domain carries three kinds of host. The official clients glue host names
+together as strings, so a configured ``name:port`` reaches us as ``<label>.name:port``:
 
 - ``api.<domain>``: the control plane;
 - ``<port>-<sandboxID>.<domain>``: one port of one sandbox, addressed by the host itself. The
@@ -130,8 +130,7 @@ def parse_domain(configured: str) -> Domain:
     for label in labels:
         if _DOMAIN_LABEL.fullmatch(label) is None:
             raise ValueError(
-                f"domain {configured!r}: {label!r} is not a lowercase DNS label "
-                "(1..63 of a-z, 0-9 and inner hyphens)"
+                f"domain {configured!r}: {label!r} is not a lowercase DNS label (1..63 of a-z, 0-9 and inner hyphens)"
             )
     if labels[-1].isdigit():
         raise ValueError(f"domain {configured!r}: the last label is all digits, which is an IP address")

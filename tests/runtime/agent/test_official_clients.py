@@ -31,8 +31,11 @@ def _exit_code(r: dict[str, Any], work: str) -> None:
 def _ordering(r: dict[str, Any], work: str) -> None:
     assert r["stdout"] == "".join(f"out{i}\n" for i in range(1, 6))
     assert r["stderr"] == "".join(f"err{i}\n" for i in range(1, 6))
-    # Each stream's own order holds; the writes are 50 ms apart, so the interleaving does too.
-    assert r["callbacks"] == [[s, f"{s[3:]}{i}\n"] for i in range(1, 6) for s in ("stdout", "stderr")]
+    # Each stream's own order holds; between the two streams no order is promised (two pipes, read
+    # independently, as upstream), so only the per-stream sequences are compared.
+    for stream in ("stdout", "stderr"):
+        seen = [line for name, line in r["callbacks"] if name == stream]
+        assert seen == [f"{stream[3:]}{i}\n" for i in range(1, 6)]
 
 
 def _background(r: dict[str, Any], work: str) -> None:
@@ -63,7 +66,7 @@ def _kill(r: dict[str, Any], work: str) -> None:
 
 def _timeout(r: dict[str, Any], work: str) -> None:
     assert r["raised"] == "TimeoutException"
-    assert r["elapsed"] < 2.5, "the deadline ends the stream"
+    assert r["elapsed"] < 2.9, "the deadline (1 s) ends the stream, well before the command's 3 s"
     assert r["process_survived"] is False, "the deadline kills the process too"
 
 

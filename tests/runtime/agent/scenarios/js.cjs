@@ -116,7 +116,9 @@ const scenarios = {
     await sbx.files.write(`${root}/a.txt`, 'a')
     await sbx.commands.run(`echo more >> ${root}/a.txt; mkdir -p ${root}/sub/deeper; mv ${root}/a.txt ${root}/sub/b.txt`)
     await sbx.files.remove(`${root}/sub/b.txt`)
-    await new Promise((resolve) => setTimeout(resolve, 500))
+    for (let i = 0; i < 100 && !events.some(([t, n]) => t === 'remove' && n === 'sub/b.txt'); i++) {
+      await new Promise((resolve) => setTimeout(resolve, 100)) // events arrive asynchronously (at most 10 s)
+    }
     await handle.stop()
     return { events }
   },

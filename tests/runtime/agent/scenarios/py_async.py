@@ -138,7 +138,10 @@ async def _watch(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
     await sbx.files.write(f"{root}/a.txt", "a")
     await sbx.commands.run(f"echo more >> {root}/a.txt; mkdir -p {root}/sub/deeper; mv {root}/a.txt {root}/sub/b.txt")
     await sbx.files.remove(f"{root}/sub/b.txt")
-    await asyncio.sleep(0.5)
+    for _ in range(100):  # events arrive asynchronously; wait for the last one (at most 10 s)
+        if ["remove", "sub/b.txt"] in events:
+            break
+        await asyncio.sleep(0.1)
     await handle.stop()
     return {"events": events}
 

@@ -271,8 +271,12 @@ def _watch(sbx: Sandbox, work: str) -> dict[str, Any]:
     sbx.files.write(f"{root}/a.txt", "a")
     sbx.commands.run(f"echo more >> {root}/a.txt; mkdir -p {root}/sub/deeper; mv {root}/a.txt {root}/sub/b.txt")
     sbx.files.remove(f"{root}/sub/b.txt")
-    time.sleep(0.5)
-    events = [[e.type.value, e.name] for e in handle.get_new_events()]
+    events: list[list[str]] = []
+    for _ in range(100):  # poll until the last event has arrived (at most 10 s)
+        events += [[e.type.value, e.name] for e in handle.get_new_events()]
+        if ["remove", "sub/b.txt"] in events:
+            break
+        time.sleep(0.1)
     handle.stop()
     return {"events": events}
 

@@ -1,0 +1,455 @@
+"""The reference server's durable store: one JSON record per sandbox, in SQLite.
+
+A server killed at any point must restart with no lost records and no orphaned sandboxes
+(DESIGN.md §8), so everything the control plane knows about a sandbox lives here, not in memory.
+
+- **The JSON record is the source of truth.** The columns the server searches by (owner, state,
+  expiry, generation, creation order) are generated from it and indexed, so they cannot disagree
+  with it; the table is STRICT with CHECKs, so even a raw-SQL write cannot store a record the
+  server could not read back (schema: ``_migrations``).
+- **Every change is a compare-and-swap on ``generation``.** A writer names the generation it read;
+  the UPDATE matches only that generation and bumps it by one. Of two writers starting from the same
+  generation (two requests, a request and the expiry reaper, two server processes on one file)
+  exactly one wins and the other gets ``GenerationConflict`` and must re-read. The same number
+  fences stale route leases: a lease taken at generation *n* is void once the record moves on.
+- **Each operation is one statement in autocommit mode.** The generation check makes a separate
+  read-modify-write transaction unnecessary (if the row still has the generation that was read,
+  nothing else changed it), so no connection holds SQLite's write lock across an ``await``.
+- **SQLite settings**: WAL (readers never block the writer, and a commit is one append),
+  ``synchronous=FULL`` (a commit survives power loss, not only a crash: lifecycle writes are rare,
+  losing one would orphan a sandbox), ``foreign_keys=ON`` (off by default in SQLite, per
+  connection), ``busy_timeout`` (a writer on another connection waits for the lock instead of
+  failing at once).
+
+Exceptions::
+
+    StoreError
+    ├── NotFound             no record with that id
+    ├── AlreadyExists        insert of an id that is taken
+    ├── GenerationConflict   the record changed since the caller read it (carries the current generation)
+    ├── InvalidTransition    the lifecycle table does not allow that state change
+    └── InvalidCursor        a pagination token this store did not make
+    UnknownMigrationHistory  (``_migrations``) the database was written by code we do not know: refuse to start
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import re
+import sqlite3
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypedDict
+
+import aiosqlite
+
+from ._migrations import MIGRATIONS, Migration, migrate
+
+
+class StoreError(Exception):
+    """Base of the errors a store operation reports; handlers map each to an upstream answer."""
+
+
+# The names say the outcome a handler answers with (404, 409, 400), as in the upstream error table.
+class NotFound(StoreError):  # noqa: N818
+    pass
+
+
+class AlreadyExists(StoreError):  # noqa: N818
+    pass
+
+
+class GenerationConflict(StoreError):  # noqa: N818
+    def __init__(self, sandbox_id: str, expected: int, current: int) -> None:
+        super().__init__(f"sandbox {sandbox_id} is at generation {current}, not {expected}: re-read and retry")
+        self.sandbox_id = sandbox_id
+        self.expected = expected
+        self.current = current
+
+
+class InvalidTransition(StoreError):  # noqa: N818
+    pass
+
+
+class InvalidCursor(StoreError):  # noqa: N818
+    def __init__(self) -> None:
+        super().__init__("Invalid pagination cursor")
+
+
+# The server's lifecycle (DESIGN.md §4, PROTOCOL.md §11.2) as data: state → the states it may move to.
+#
+#     creating → running → pausing → paused → resuming → running
+#
+# Every state except killed may still hold runtime resources, so every one of them may go to
+# killing, and killing goes to killed once the runtime has released everything. Any live state
+# may go to failed when a runtime operation failed and left the sandbox in no known state; a
+# failed sandbox may still hold resources, so its only way on is killing (which releases them;
+# a release that fails again goes back to failed). killed is terminal. A change that keeps the
+# state (new expiry, metadata) is not a transition and is always allowed. This is the server's
+# view; what a backend can do is runtime._backend.TRANSITIONS, and the services map between them.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "creating": frozenset({"running", "killing", "failed"}),
+    "running": frozenset({"pausing", "killing", "failed"}),
+    "pausing": frozenset({"paused", "killing", "failed"}),
+    "paused": frozenset({"resuming", "killing", "failed"}),
+    "resuming": frozenset({"running", "killing", "failed"}),
+    "killing": frozenset({"killed", "failed"}),
+    "failed": frozenset({"killing"}),
+    "killed": frozenset(),
+}
+STATES: frozenset[str] = frozenset(TRANSITIONS)
+
+# The states in which a sandbox's timeout runs, so the reaper acts on them (kill, or pause when
+# auto_pause is set). A paused sandbox keeps no timeout (it stays until resumed or killed, as in
+# E2B); a transitional state belongs to an operation in flight, which has its own deadline and
+# is settled by startup reconciliation if the server died during it; killed and failed are done.
+EXPIRING_STATES: frozenset[str] = frozenset({"running"})
+
+
+def check_transition(current: str, new: str) -> None:
+    """Raise ``InvalidTransition`` unless the table allows ``current`` → ``new`` (or they are equal)."""
+    if new not in STATES:
+        raise InvalidTransition(f"unknown sandbox state {new!r} (known: {', '.join(sorted(STATES))})")
+    if new != current and new not in TRANSITIONS[current]:
+        allowed = ", ".join(sorted(TRANSITIONS[current])) or "nothing: it is terminal"
+        raise InvalidTransition(f"a sandbox that is {current} cannot become {new} (it may become: {allowed})")
+
+
+_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z")
+
+
+def format_time(moment: datetime) -> str:
+    """Fixed-width UTC text, so that text order is time order in SQL (the columns are compared as text)."""
+    if moment.utcoffset() is None:
+        raise ValueError(f"timestamps must be timezone-aware, got {moment!r}")
+    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+
+
+def parse_time(text: str) -> datetime:
+    if not _TIME.fullmatch(text):
+        raise ValueError(f"not a UTC timestamp of the form 2026-01-02T03:04:05.000006Z: {text!r}")
+    return datetime.fromisoformat(text[:-1]).replace(tzinfo=UTC)
+
+
+def _string_map(value: object, what: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise ValueError(f"{what} must map strings to strings")
+    return dict(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxRecord:
+    """Everything the server keeps about one sandbox. ``data`` holds the rest (any JSON values)."""
+
+    sandbox_id: str
+    owner: str
+    template_id: str
+    state: str
+    generation: int = 1
+    created_at: datetime
+    expires_at: datetime
+    metadata: dict[str, str] = field(default_factory=dict)
+    env_vars: dict[str, str] = field(default_factory=dict, repr=False)  # may hold secrets: kept out of logs
+    auto_pause: bool = False
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("sandbox_id", "owner", "template_id"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        if self.state not in STATES:
+            raise ValueError(f"unknown sandbox state {self.state!r}")
+        if isinstance(self.generation, bool) or not isinstance(self.generation, int) or self.generation < 1:
+            raise ValueError(f"generation must be a positive integer, got {self.generation!r}")
+        for name in ("created_at", "expires_at"):
+            moment = getattr(self, name)
+            if not isinstance(moment, datetime):
+                raise ValueError(f"{name} must be a datetime, got {moment!r}")
+            format_time(moment)  # rejects naive datetimes
+            object.__setattr__(self, name, moment.astimezone(UTC))
+        object.__setattr__(self, "metadata", _string_map(self.metadata, "metadata"))
+        object.__setattr__(self, "env_vars", _string_map(self.env_vars, "env_vars"))
+        if not isinstance(self.auto_pause, bool):
+            raise ValueError(f"auto_pause must be a boolean, got {self.auto_pause!r}")
+        if not isinstance(self.data, dict) or not all(isinstance(key, str) for key in self.data):
+            raise ValueError("data must be a JSON object")
+
+    def to_json(self) -> str:
+        document = {item.name: getattr(self, item.name) for item in fields(self)}
+        document.update(created_at=format_time(self.created_at), expires_at=format_time(self.expires_at))
+        return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> SandboxRecord:
+        """The inverse of ``to_json``; a missing or unknown field is an error, never silently dropped."""
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError("a sandbox record must be a JSON object")
+        if set(value) != _FIELDS:
+            missing, unknown = sorted(_FIELDS - set(value)), sorted(set(value) - _FIELDS)
+            raise ValueError(f"sandbox record fields differ: missing {missing}, unknown {unknown}")
+        for name in ("created_at", "expires_at"):
+            if not isinstance(value[name], str):
+                raise ValueError(f"{name} must be a timestamp string")
+        return cls(
+            **{name: value[name] for name in _FIELDS - {"created_at", "expires_at"}},
+            created_at=parse_time(value["created_at"]),
+            expires_at=parse_time(value["expires_at"]),
+        )
+
+
+_FIELDS = frozenset(item.name for item in fields(SandboxRecord))
+
+
+class Changes(TypedDict, total=False):
+    """What a compare-and-swap may change; identity, owner, creation time and generation never change."""
+
+    state: str
+    expires_at: datetime
+    metadata: dict[str, str]
+    env_vars: dict[str, str]
+    auto_pause: bool
+    data: dict[str, Any]
+
+
+_CHANGEABLE = frozenset(Changes.__annotations__)
+
+
+@dataclass(frozen=True)
+class Page:
+    records: tuple[SandboxRecord, ...]
+    next_token: str | None  # for ``x-next-token``; None on the last page
+
+
+_CURSOR = re.compile(r"[A-Za-z0-9_-]{1,1024}")
+
+
+def encode_cursor(record: SandboxRecord) -> str:
+    """The sort key of the last record of a page, as unpadded URL-safe base64 of a JSON pair."""
+    key = json.dumps([format_time(record.created_at), record.sandbox_id], separators=(",", ":"), ensure_ascii=False)
+    return base64.urlsafe_b64encode(key.encode("utf-8")).decode("ascii").rstrip("=")
+
+
+def decode_cursor(token: str) -> tuple[str, str]:
+    if not _CURSOR.fullmatch(token):
+        raise InvalidCursor
+    try:
+        key = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode("utf-8"))
+        if not isinstance(key, list) or len(key) != 2 or not all(isinstance(part, str) and part for part in key):
+            raise InvalidCursor
+        parse_time(key[0])
+    except (ValueError, binascii.Error):  # also JSON and UTF-8 decoding errors
+        raise InvalidCursor from None
+    return key[0], key[1]
+
+
+_GET = "SELECT record FROM sandboxes WHERE sandbox_id = ?"
+_INSERT = "INSERT INTO sandboxes (record) VALUES (?)"
+_UPDATE = "UPDATE sandboxes SET record = ? WHERE sandbox_id = ? AND generation = ?"
+_DELETE = "DELETE FROM sandboxes WHERE sandbox_id = ? AND generation = ?"
+# The filters are JSON parameters (json_each), so the SQL is the same text whatever is asked: no SQL
+# is ever assembled from input. A metadata filter matches when no wanted pair is missing from the
+# record. Without a cursor the key starts at ('', ''), below every real key, so the index range
+# scan on (owner, created_at, sandbox_id) serves first and later pages alike.
+_LIST = """
+SELECT record FROM sandboxes
+WHERE owner = :owner
+  AND (created_at, sandbox_id) > (:after_created_at, :after_sandbox_id)
+  AND (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
+  AND NOT EXISTS (
+      SELECT 1 FROM json_each(:metadata) AS wanted
+      WHERE NOT EXISTS (
+          SELECT 1 FROM json_each(sandboxes.record, '$.metadata') AS have
+          WHERE have.key = wanted.key AND have.value = wanted.value))
+ORDER BY created_at, sandbox_id
+LIMIT :limit
+"""
+_EXPIRED = """
+SELECT record FROM sandboxes
+WHERE state IN (SELECT value FROM json_each(:states)) AND expires_at <= :now
+ORDER BY expires_at, sandbox_id
+LIMIT :limit
+"""
+
+
+_SQLITE_NEEDED = (3, 38, 0)
+
+
+class Store:
+    """The sandbox records of one SQLite file. Make one with ``await Store.open(path)``."""
+
+    def __init__(self, db: aiosqlite.Connection, path: Path, migrated: tuple[int, ...]) -> None:
+        self._db = db
+        self.path = path
+        self.migrated = migrated  # the migration versions this open applied (empty when up to date)
+
+    @classmethod
+    async def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout_ms: int = 5000,
+        migrations: Sequence[Migration] = MIGRATIONS,
+    ) -> Store:
+        """Open (creating if needed) and migrate; raises ``UnknownMigrationHistory`` on a history we do not know."""
+        if sqlite3.sqlite_version_info < _SQLITE_NEEDED:
+            raise StoreError(
+                f"the store needs SQLite 3.38 or later (STRICT, ->>), this Python has {sqlite3.sqlite_version}"
+            )
+        path = Path(path)
+        db = await aiosqlite.connect(path, isolation_level=None)
+        try:
+            await db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")  # before WAL: switching takes a lock
+            mode = await db.execute_fetchall("PRAGMA journal_mode = WAL")
+            if [tuple(row) for row in mode] != [("wal",)]:
+                raise StoreError(f"{path}: SQLite refused WAL mode (journal_mode is {list(mode)})")
+            await db.execute("PRAGMA synchronous = FULL")
+            await db.execute("PRAGMA foreign_keys = ON")
+            migrated = await migrate(db, migrations, database=str(path))
+        except BaseException:
+            await db.close()
+            raise
+        return cls(db, path, migrated)
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def get(self, sandbox_id: str) -> SandboxRecord | None:
+        rows = list(await self._db.execute_fetchall(_GET, (sandbox_id,)))
+        return SandboxRecord.from_json(rows[0][0]) if rows else None
+
+    async def insert(self, record: SandboxRecord) -> SandboxRecord:
+        """Store a new record at generation 1 (whatever ``record.generation`` says); returns what was stored."""
+        stored = replace(record, generation=1)
+        try:
+            await self._db.execute(_INSERT, (stored.to_json(),))
+        except sqlite3.IntegrityError as exc:
+            if exc.sqlite_errorname == "SQLITE_CONSTRAINT_UNIQUE":
+                raise AlreadyExists(f"sandbox {record.sandbox_id} already exists") from None
+            raise
+        return stored
+
+    async def compare_and_swap(self, sandbox_id: str, expected_generation: int, changes: Changes) -> SandboxRecord:
+        """Apply ``changes`` if the record is still at ``expected_generation``; returns it at the next generation.
+
+        A state change must be allowed by ``TRANSITIONS`` (``InvalidTransition`` otherwise, and nothing
+        is written). ``GenerationConflict`` when another writer got there first; ``NotFound`` when gone.
+        """
+        unknown = set(changes) - _CHANGEABLE
+        if unknown:
+            raise ValueError(f"cannot change {sorted(unknown)} (changeable: {sorted(_CHANGEABLE)})")
+        current = await self._at_generation(sandbox_id, expected_generation)
+        if "state" in changes:
+            check_transition(current.state, changes["state"])
+        new = replace(current, **changes, generation=current.generation + 1)
+        await self._swap(new, expected_generation)
+        return new
+
+    async def extend_expiry(self, sandbox_id: str, expected_generation: int, new_expires_at: datetime) -> SandboxRecord:
+        """Move the expiry later, never earlier (E2B's refresh): an earlier one succeeds and changes nothing.
+
+        A changed expiry is a compare-and-swap like any other, so an extension and the reaper's kill
+        that both started from one generation cannot both succeed.
+        """
+        format_time(new_expires_at)  # rejects a naive datetime before comparing
+        current = await self._at_generation(sandbox_id, expected_generation)
+        if new_expires_at <= current.expires_at:
+            return current
+        new = replace(current, expires_at=new_expires_at, generation=current.generation + 1)
+        await self._swap(new, expected_generation)
+        return new
+
+    async def delete(self, sandbox_id: str, expected_generation: int) -> None:
+        cursor = await self._db.execute(_DELETE, (sandbox_id, expected_generation))
+        if cursor.rowcount != 1:
+            raise await self._why_not(sandbox_id, expected_generation)
+
+    async def expired(self, now: datetime, *, limit: int | None = None) -> list[SandboxRecord]:
+        """Records in an ``EXPIRING_STATES`` state whose expiry is at or before ``now``, soonest first.
+
+        For the reaper, which then acts through ``compare_and_swap`` at each record's generation: a
+        record extended meanwhile has moved on, and the reaper's swap fails.
+        """
+        rows = await self._db.execute_fetchall(
+            _EXPIRED,
+            {"states": json.dumps(sorted(EXPIRING_STATES)), "now": format_time(now), "limit": _limit(limit)},
+        )
+        return [SandboxRecord.from_json(row[0]) for row in rows]
+
+    async def list(
+        self,
+        owner: str,
+        *,
+        states: Collection[str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> Page:
+        """One page of ``owner``'s records in (created_at, sandbox_id) order.
+
+        ``states``: any of them; ``metadata``: every given pair must match; ``after``: a ``next_token``
+        from the previous page (``InvalidCursor`` for anything else).
+        """
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        if states is not None and not set(states) <= STATES:
+            raise ValueError(f"unknown sandbox states {sorted(set(states) - STATES)}")
+        after_key = decode_cursor(after) if after is not None else ("", "")
+        rows = await self._db.execute_fetchall(
+            _LIST,
+            {
+                "owner": owner,
+                "after_created_at": after_key[0],
+                "after_sandbox_id": after_key[1],
+                "states": None if states is None else json.dumps(sorted(states)),
+                "metadata": json.dumps(dict(metadata or {})),
+                "limit": limit + 1,  # one more tells whether there is a next page
+            },
+        )
+        records = tuple(SandboxRecord.from_json(row[0]) for row in rows)
+        if len(records) <= limit:
+            return Page(records, None)
+        return Page(records[:limit], encode_cursor(records[limit - 1]))
+
+    async def _at_generation(self, sandbox_id: str, expected_generation: int) -> SandboxRecord:
+        current = await self.get(sandbox_id)
+        if current is None:
+            raise NotFound(f"sandbox {sandbox_id} not found")
+        if current.generation != expected_generation:
+            raise GenerationConflict(sandbox_id, expected_generation, current.generation)
+        return current
+
+    async def _swap(self, new: SandboxRecord, expected_generation: int) -> None:
+        # The WHERE on generation is the fence: if another writer committed since our read, no row matches.
+        cursor = await self._db.execute(_UPDATE, (new.to_json(), new.sandbox_id, expected_generation))
+        if cursor.rowcount != 1:
+            raise await self._why_not(new.sandbox_id, expected_generation)
+
+    async def _why_not(self, sandbox_id: str, expected_generation: int) -> StoreError:
+        current = await self.get(sandbox_id)
+        if current is None:
+            return NotFound(f"sandbox {sandbox_id} not found")
+        return GenerationConflict(sandbox_id, expected_generation, current.generation)
+
+
+def _limit(limit: int | None) -> int:
+    if limit is None:
+        return -1  # SQLite: no limit
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    return limit
