@@ -462,14 +462,11 @@ async def upload(request: Request) -> Response:
             raise HttpError(
                 400, f"unsupported content type: {shown}, expected multipart/form-data or application/octet-stream"
             )
-    except HttpError as exc:
-        for open_sink in (sink, multipart.sink if multipart else None):
-            if open_sink is not None:
-                open_sink.abort()
-        return _respond(exc)
     except Exception as exc:  # noqa: BLE001 - a malformed body must give an answer, not kill the request
         for open_sink in (sink, multipart.sink if multipart else None):
             if open_sink is not None:
                 open_sink.abort()
+        if isinstance(exc, HttpError):
+            return _respond(exc)
         return error_response(400, f"error parsing request body: {exc}")
     return Response(json.dumps(result), 200, media_type="application/json")

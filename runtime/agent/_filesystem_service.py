@@ -7,9 +7,9 @@ import contextlib
 import os
 import secrets
 import string
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
@@ -41,6 +41,7 @@ _EVENT_TYPES = {
 }
 _WITH_ENTRY = frozenset({EventKind.CREATE, EventKind.WRITE, EventKind.CHMOD})
 _WATCHER_ID_ALPHABET = string.ascii_lowercase + string.digits
+T = TypeVar("T")
 
 
 def _error(exc: fs.FsError) -> ConnectError:
@@ -106,50 +107,40 @@ class FilesystemService:
 
     # -- unary operations --------------------------------------------------------
 
+    async def _as_user(self, user: User, work: Callable[[], T]) -> T:
+        """Run filesystem work with the user's credentials; its errors become Connect errors."""
+        try:
+            return await as_user(user, work)
+        except fs.FsError as exc:
+            raise _error(exc) from None
+
     async def stat(self, request: pb.StatRequest, ctx: RequestContext[Any, Any]) -> pb.StatResponse:
         user = self._user(ctx)
         path = self._resolve(request.path, user)
-        try:
-            entry = await as_user(user, lambda: fs.stat_entry(path, self._state.users))
-        except fs.FsError as exc:
-            raise _error(exc) from None
-        return pb.StatResponse(entry=entry)
+        return pb.StatResponse(entry=await self._as_user(user, lambda: fs.stat_entry(path, self._state.users)))
 
     async def make_dir(self, request: pb.MakeDirRequest, ctx: RequestContext[Any, Any]) -> pb.MakeDirResponse:
         user = self._user(ctx)
         path = self._resolve(request.path, user)
-        try:
-            entry = await as_user(user, lambda: fs.make_dir(path, self._state.users))
-        except fs.FsError as exc:
-            raise _error(exc) from None
-        return pb.MakeDirResponse(entry=entry)
+        return pb.MakeDirResponse(entry=await self._as_user(user, lambda: fs.make_dir(path, self._state.users)))
 
     async def move(self, request: pb.MoveRequest, ctx: RequestContext[Any, Any]) -> pb.MoveResponse:
         user = self._user(ctx)
         source = self._resolve(request.source, user)
         destination = self._resolve(request.destination, user)
-        try:
-            entry = await as_user(user, lambda: fs.move(source, destination, self._state.users))
-        except fs.FsError as exc:
-            raise _error(exc) from None
+        entry = await self._as_user(user, lambda: fs.move(source, destination, self._state.users))
         return pb.MoveResponse(entry=entry)
 
     async def list_dir(self, request: pb.ListDirRequest, ctx: RequestContext[Any, Any]) -> pb.ListDirResponse:
         user = self._user(ctx)
         path = self._resolve(request.path, user)
-        try:
-            entries = await as_user(user, lambda: fs.list_dir(path, path, request.depth, self._state.users))
-        except fs.FsError as exc:
-            raise _error(exc) from None
+        entries = await self._as_user(user, lambda: fs.list_dir(path, path, request.depth, self._state.users))
         return pb.ListDirResponse(entries=entries)
 
     async def remove(self, request: pb.RemoveRequest, ctx: RequestContext[Any, Any]) -> pb.RemoveResponse:
         user = self._user(ctx)
         path = self._resolve(request.path, user)
-        try:
-            await as_user(user, lambda: fs.remove(path))
-        except fs.FsError as exc:
-            raise _error(exc) from None
+        await self._as_user(user, lambda: fs.remove(path))
         return pb.RemoveResponse()
 
     # -- streaming watch ---------------------------------------------------------
