@@ -97,7 +97,7 @@ def free_port() -> int:
         return port
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # frees port 49983 for the sandbox tests that follow
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
     """The agent on the clients' debug port, shared by the official-client scenarios."""
     if not _port_free(PORT):
@@ -162,6 +162,6 @@ class ScenarioRunner:
         return _parse(proc, f"{flavour}:{name}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def scenario(agent: Agent, python_clients: PythonClients, node_clients: NodeClients) -> ScenarioRunner:
     return ScenarioRunner(agent, python_clients, node_clients)
