@@ -335,6 +335,21 @@ def load_or_create_master_key(path: Path) -> bytes:
     return _load_master_key(path)  # another process created it first: everyone uses that one
 
 
+def require_private_file(fd: int, path: Path, what: str, error: type[Exception]) -> None:
+    """Refuse a secret file that is not a regular file or that group or others may access.
+
+    Checked on the open descriptor, not the path, so the file read is the file checked.
+    """
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise error(f"{what} {path} is not a regular file")
+    if info.st_mode & 0o077:
+        raise error(
+            f"{what} {path} has mode {stat.S_IMODE(info.st_mode):04o}; group and others must have "
+            f"no access (chmod 600 {path})"
+        )
+
+
 def _load_master_key(path: Path) -> bytes:
     try:
         # O_NONBLOCK: a FIFO at the path must not hang start-up; it changes nothing for regular files.
@@ -344,14 +359,7 @@ def _load_master_key(path: Path) -> bytes:
     except OSError as exc:
         raise MasterKeyError(f"cannot read the master key {path}: {exc.strerror}") from exc
     try:
-        info = os.fstat(fd)  # of what was opened, not of what the path names now
-        if not stat.S_ISREG(info.st_mode):
-            raise MasterKeyError(f"the master key {path} is not a regular file")
-        if info.st_mode & 0o077:
-            raise MasterKeyError(
-                f"the master key {path} has mode {stat.S_IMODE(info.st_mode):04o}; group and others must have "
-                f"no access (chmod 600 {path})"
-            )
+        require_private_file(fd, path, "the master key", MasterKeyError)
         data = b""
         while len(data) <= MASTER_KEY_BYTES and (chunk := os.read(fd, MASTER_KEY_BYTES + 1 - len(data))):
             data += chunk

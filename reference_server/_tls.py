@@ -31,7 +31,6 @@ import ipaddress
 import os
 import secrets
 import ssl
-import stat
 import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -43,6 +42,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from reference_server._credentials import require_private_file
 from reference_server._routing import parse_domain
 
 __all__ = ["EdgeCertificateError", "EdgeCertificates", "ensure_certificates", "ssl_context"]
@@ -251,14 +251,7 @@ def _load_key(path: Path) -> ec.EllipticCurvePrivateKey | None:
     """The EC key at ``path``; None if it is not one. Refuses a key that group or others can read."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as file:
-        info = os.fstat(file.fileno())  # of what was opened, not of what the path names now
-        if not stat.S_ISREG(info.st_mode):
-            raise EdgeCertificateError(f"the key {path} is not a regular file")
-        if info.st_mode & 0o077:
-            raise EdgeCertificateError(
-                f"the key {path} has mode {stat.S_IMODE(info.st_mode):04o}; group and others must have no "
-                f"access (chmod 600 {path})"
-            )
+        require_private_file(file.fileno(), path, "the key", EdgeCertificateError)
         data = file.read()
     try:
         key = serialization.load_pem_private_key(data, password=None)

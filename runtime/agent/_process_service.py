@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from connectrpc.code import Code
@@ -32,6 +33,15 @@ _SIGNALS = {pb.SIGNAL_SIGTERM: signal.SIGTERM, pb.SIGNAL_SIGKILL: signal.SIGKILL
 
 def connect_error(exc: ProcessError) -> ConnectError:
     return ConnectError(_CODES.get(exc.kind, Code.INTERNAL), str(exc))
+
+
+@contextlib.contextmanager
+def _connect_errors() -> Iterator[None]:
+    """Process-table refusals become the Connect error their kind names."""
+    try:
+        yield
+    except ProcessError as exc:
+        raise connect_error(exc) from None
 
 
 def keepalive_interval(ctx: RequestContext[Any, Any]) -> float:
@@ -99,14 +109,12 @@ class ProcessService:
 
     def _find(self, selector: pb.ProcessSelector) -> ManagedProcess:
         which = selector.WhichOneof("selector")
-        try:
+        with _connect_errors():
             if which == "pid":
                 return self._table.find(pid=selector.pid)
             if which == "tag":
                 return self._table.find(tag=selector.tag)
             return self._table.find()
-        except ProcessError as exc:
-            raise connect_error(exc) from None
 
     async def start(self, request: pb.StartRequest, ctx: RequestContext[Any, Any]) -> AsyncIterator[pb.StartResponse]:
         user = self._user(ctx)
@@ -133,10 +141,8 @@ class ProcessService:
         )
         remaining = ctx.timeout_ms()
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining / 1000.0
-        try:
+        with _connect_errors():
             managed, queue = await self._table.start(spec, deadline)
-        except ProcessError as exc:
-            raise connect_error(exc) from None
         async for event in _events(managed, queue, ctx):
             yield pb.StartResponse(event=event)
 
@@ -163,15 +169,13 @@ class ProcessService:
         self._user(ctx)
         managed = self._find(request.process)
         which = request.input.WhichOneof("input")
-        try:
+        with _connect_errors():
             if which == "stdin":
                 await managed.write_stdin(request.input.stdin)
             elif which == "pty":
                 await managed.write_pty(request.input.pty)
             else:
                 raise ConnectError(Code.UNIMPLEMENTED, "input is empty")
-        except ProcessError as exc:
-            raise connect_error(exc) from None
         return pb.SendInputResponse()
 
     async def stream_input(
@@ -186,13 +190,11 @@ class ProcessService:
             elif which == "data":
                 if managed is None:
                     raise ConnectError(Code.FAILED_PRECONDITION, "data sent before start")
-                try:
+                with _connect_errors():
                     if message.data.input.WhichOneof("input") == "pty":
                         await managed.write_pty(message.data.input.pty)
                     else:
                         await managed.write_stdin(message.data.input.stdin)
-                except ProcessError as exc:
-                    raise connect_error(exc) from None
         return pb.StreamInputResponse()
 
     async def send_signal(self, request: pb.SendSignalRequest, ctx: RequestContext[Any, Any]) -> pb.SendSignalResponse:
@@ -201,27 +203,21 @@ class ProcessService:
         sig = _SIGNALS.get(request.signal)
         if sig is None:
             raise ConnectError(Code.UNIMPLEMENTED, f"invalid signal: {request.signal}")
-        try:
+        with _connect_errors():
             managed.send_signal(sig)
-        except ProcessError as exc:
-            raise connect_error(exc) from None
         return pb.SendSignalResponse()
 
     async def close_stdin(self, request: pb.CloseStdinRequest, ctx: RequestContext[Any, Any]) -> pb.CloseStdinResponse:
         self._user(ctx)
         managed = self._find(request.process)
-        try:
+        with _connect_errors():
             managed.close_stdin()
-        except ProcessError as exc:
-            raise connect_error(exc) from None
         return pb.CloseStdinResponse()
 
     async def update(self, request: pb.UpdateRequest, ctx: RequestContext[Any, Any]) -> pb.UpdateResponse:
         self._user(ctx)
         managed = self._find(request.process)
         if request.HasField("pty"):
-            try:
+            with _connect_errors():
                 managed.resize(request.pty.size.cols, request.pty.size.rows)
-            except ProcessError as exc:
-                raise connect_error(exc) from None
         return pb.UpdateResponse()
