@@ -83,3 +83,4 @@ def bench(session: nox.Session) -> None:
     if os.geteuid() == 0:
         session.run("e2b-compat", "host", "prepare")
         session.run("python", "-m", "benchmarks.crun", *session.posargs)
+        session.run("python", "-m", "benchmarks.server")

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from contract import ArtifactStore, ContractError, DriftError, check, load_inventory, load_lock, write
 
 from . import __version__
+
+if TYPE_CHECKING:  # the server stack is imported only by the commands that use it
+    from reference_server._keys import KeyStore
 
 
 def _store(args: argparse.Namespace) -> ArtifactStore:
@@ -95,6 +100,119 @@ def _template_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import os  # noqa: PLC0415
+
+    from reference_server._config import ConfigError, load_config, render_toml  # noqa: PLC0415
+
+    try:
+        config = load_config(args.config, os.environ)
+    except ConfigError as exc:
+        print(f"e2b-compat: configuration: {exc}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(render_toml(config), end="")
+        return 0
+    from reference_server._server import ServerStartError, serve  # noqa: PLC0415 - loads the server stack
+
+    try:
+        return serve(config)
+    except ServerStartError as exc:
+        print(f"e2b-compat: cannot start the server: {exc}", file=sys.stderr)
+        return 1
+
+
+def _keys_data_dir(args: argparse.Namespace) -> Path:
+    if args.data_dir is not None:
+        return Path(args.data_dir)
+    import os  # noqa: PLC0415
+
+    from reference_server._config import load_config  # noqa: PLC0415 - only the server commands need it
+
+    return load_config(None, os.environ).data_dir
+
+
+def _keys_run(args: argparse.Namespace, action: Callable[[KeyStore], Awaitable[int]], *, create: bool) -> int:
+    """Open ``<data_dir>/server.db`` (migrating it) and run ``action`` with a ``KeyStore`` on it."""
+    import asyncio  # noqa: PLC0415
+
+    from reference_server._config import ConfigError  # noqa: PLC0415
+    from reference_server._keys import KeyStore  # noqa: PLC0415
+    from reference_server._migrations import UnknownMigrationHistory  # noqa: PLC0415
+    from reference_server._store import Store, StoreError  # noqa: PLC0415
+
+    try:
+        data_dir = _keys_data_dir(args)
+    except ConfigError as exc:
+        print(f"e2b-compat: configuration: {exc}", file=sys.stderr)
+        return 2
+    database = data_dir / "server.db"
+    if not create and not database.is_file():
+        # Opening would create an empty database: a mistyped --data-dir must not pass for "no keys".
+        print(f"e2b-compat: no server database at {database} (wrong --data-dir, or no key issued yet)", file=sys.stderr)
+        return 1
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    async def scenario() -> int:
+        async with await Store.open(database) as store:
+            return await action(KeyStore(store.db))
+
+    try:
+        return asyncio.run(scenario())
+    except ValueError as exc:
+        print(f"e2b-compat: {exc}", file=sys.stderr)
+        return 2
+    except (StoreError, UnknownMigrationHistory) as exc:
+        print(f"e2b-compat: {database}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _keys_issue(args: argparse.Namespace) -> int:
+    async def issue(keys: KeyStore) -> int:
+        issued = await keys.issue(args.owner, args.name)
+        print(issued.key)  # stdout holds the key alone, so that $(e2b-compat keys issue ...) captures it
+        print(f"issued key {issued.key_id} for owner {issued.owner}; it is shown only this once", file=sys.stderr)
+        return 0
+
+    return _keys_run(args, issue, create=True)
+
+
+def _keys_revoke(args: argparse.Namespace) -> int:
+    async def revoke(keys: KeyStore) -> int:
+        if await keys.revoke(args.key_id):
+            print(f"revoked key {args.key_id}")
+            return 0
+        print(f"e2b-compat: no unrevoked key with id {args.key_id}", file=sys.stderr)
+        return 1
+
+    return _keys_run(args, revoke, create=False)
+
+
+def _keys_list(args: argparse.Namespace) -> int:
+    async def show(keys: KeyStore) -> int:
+        rows = [("KEY ID", "OWNER", "NAME", "CREATED", "REVOKED")]
+        rows += [
+            (
+                info.key_id,
+                info.owner,
+                info.name or "-",
+                _when(info.created_at),
+                _when(info.revoked_at) if info.revoked_at is not None else "-",
+            )
+            for info in await keys.list(args.owner)
+        ]
+        widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+        for row in rows:
+            print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+        return 0
+
+    return _keys_run(args, show, create=False)
+
+
+def _when(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="e2b-compat", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -147,6 +265,34 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("name", nargs="?", default="base", choices=["base", "os"])
     build.set_defaults(func=_template_build)
     template_actions.add_parser("list", help="list the built templates").set_defaults(func=_template_list)
+
+    serve = groups.add_parser(
+        "serve",
+        help="run the reference server (sets up the host as root, prints the client environment)",
+        description="Run the reference server on its embedded defaults (SQLite, crun, e2b.localhost:8443). "
+        "Configuration: --config FILE, else $E2B_COMPAT_SERVER_CONFIG, else <data_dir>/server.toml; "
+        "E2B_COMPAT_SERVER_<KEY> variables override (docs/SERVER.md).",
+    )
+    serve.add_argument("--config", type=Path, default=None, help="a TOML configuration file")
+    serve.add_argument("--print-config", action="store_true", help="print the effective configuration and exit")
+    serve.set_defaults(func=_serve)
+
+    keys = groups.add_parser("keys", help="API keys of the reference server")
+    key_actions = keys.add_subparsers(dest="action", required=True, metavar="ACTION")
+    data_dir_help = "the server's data folder (default: data_dir of the server configuration)"
+    issue = key_actions.add_parser("issue", help="issue a key: the key on stdout, its id and owner on stderr")
+    issue.add_argument("--owner", required=True, help="who the key acts for (1-64 of A-Z a-z 0-9 . _ -)")
+    issue.add_argument("--name", default="", help="a note to recognise the key by")
+    issue.add_argument("--data-dir", type=Path, default=None, help=data_dir_help)
+    issue.set_defaults(func=_keys_issue)
+    revoke = key_actions.add_parser("revoke", help="revoke a key at once (running servers included)")
+    revoke.add_argument("key_id", metavar="KEY_ID", help="the key's id, as listed")
+    revoke.add_argument("--data-dir", type=Path, default=None, help=data_dir_help)
+    revoke.set_defaults(func=_keys_revoke)
+    listing = key_actions.add_parser("list", help="list keys (ids, owners, names, dates; never a key or hash)")
+    listing.add_argument("--owner", default=None, help="only this owner's keys")
+    listing.add_argument("--data-dir", type=Path, default=None, help=data_dir_help)
+    listing.set_defaults(func=_keys_list)
     return parser
 
 

@@ -107,8 +107,43 @@ CREATE INDEX sandboxes_by_owner ON sandboxes (owner, created_at, sandbox_id);
 CREATE INDEX sandboxes_by_expiry ON sandboxes (state, expires_at);
 """
 
+# API keys: only a salted PBKDF2 hash of each key is kept (``_credentials.hash_api_key``), found
+# by its public ``key_id``. A revoked key keeps its row (revoked_at set) so its id is never
+# reissued and the revocation can be audited.
+_API_KEYS = """
+CREATE TABLE api_keys (
+    key_id TEXT PRIMARY KEY CHECK (key_id GLOB '[0-9a-f]*' AND length(key_id) BETWEEN 8 AND 64),
+    owner TEXT NOT NULL CHECK (owner <> ''),
+    hash TEXT NOT NULL CHECK (hash GLOB 'pbkdf2-sha256$*'),
+    name TEXT NOT NULL DEFAULT '',
+    created_at TEXT NOT NULL,
+    revoked_at TEXT
+) STRICT;
+
+CREATE INDEX api_keys_by_owner ON api_keys (owner, created_at);
+"""
+
+# Snapshots: a sandbox's writable layer captured as a template (the runtime holds the files).
+# ``names`` is the JSON array the API reports; listing pages in (created_at, snapshot_id) order.
+_SNAPSHOTS = """
+CREATE TABLE snapshots (
+    snapshot_id TEXT PRIMARY KEY CHECK (snapshot_id <> ''),
+    owner TEXT NOT NULL CHECK (owner <> ''),
+    sandbox_id TEXT NOT NULL CHECK (sandbox_id <> ''),
+    template_id TEXT NOT NULL,
+    names TEXT NOT NULL CHECK (json_valid(names) AND json_type(names) = 'array'),
+    created_at TEXT NOT NULL
+) STRICT;
+
+CREATE INDEX snapshots_by_owner ON snapshots (owner, created_at, snapshot_id);
+"""
+
 # Append only; never edit an entry once a server has shipped with it.
-MIGRATIONS: tuple[Migration, ...] = (Migration(1, "sandboxes", _SANDBOXES),)
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "sandboxes", _SANDBOXES),
+    Migration(2, "api_keys", _API_KEYS),
+    Migration(3, "snapshots", _SNAPSHOTS),
+)
 
 
 def split_statements(sql: str) -> list[str]:

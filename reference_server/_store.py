@@ -34,6 +34,7 @@ Exceptions::
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -86,6 +87,9 @@ class InvalidCursor(StoreError):  # noqa: N818
 #
 #     creating → running → pausing → paused → resuming → running
 #
+# A pause or resume that the runtime refused (or that a crash interrupted before the runtime
+# acted) goes back where it came from: pausing → running, resuming → paused.
+#
 # Every state except killed may still hold runtime resources, so every one of them may go to
 # killing, and killing goes to killed once the runtime has released everything. Any live state
 # may go to failed when a runtime operation failed and left the sandbox in no known state; a
@@ -96,9 +100,9 @@ class InvalidCursor(StoreError):  # noqa: N818
 TRANSITIONS: dict[str, frozenset[str]] = {
     "creating": frozenset({"running", "killing", "failed"}),
     "running": frozenset({"pausing", "killing", "failed"}),
-    "pausing": frozenset({"paused", "killing", "failed"}),
+    "pausing": frozenset({"paused", "running", "killing", "failed"}),
     "paused": frozenset({"resuming", "killing", "failed"}),
-    "resuming": frozenset({"running", "killing", "failed"}),
+    "resuming": frozenset({"running", "paused", "killing", "failed"}),
     "killing": frozenset({"killed", "failed"}),
     "failed": frozenset({"killing"}),
     "killed": frozenset(),
@@ -271,6 +275,11 @@ WHERE owner = :owner
 ORDER BY created_at, sandbox_id
 LIMIT :limit
 """
+_ALL = """
+SELECT record FROM sandboxes
+WHERE :states IS NULL OR state IN (SELECT value FROM json_each(:states))
+ORDER BY created_at, sandbox_id
+"""
 _EXPIRED = """
 SELECT record FROM sandboxes
 WHERE state IN (SELECT value FROM json_each(:states)) AND expires_at <= :now
@@ -307,7 +316,7 @@ class Store:
         db = await aiosqlite.connect(path, isolation_level=None)
         try:
             await db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")  # before WAL: switching takes a lock
-            mode = await db.execute_fetchall("PRAGMA journal_mode = WAL")
+            mode = await _switch_to_wal(db, busy_timeout_ms)
             if [tuple(row) for row in mode] != [("wal",)]:
                 raise StoreError(f"{path}: SQLite refused WAL mode (journal_mode is {list(mode)})")
             await db.execute("PRAGMA synchronous = FULL")
@@ -317,6 +326,11 @@ class Store:
             await db.close()
             raise
         return cls(db, path, migrated)
+
+    @property
+    def db(self) -> aiosqlite.Connection:
+        """The connection, for the other tables of this database (API keys, snapshots)."""
+        return self._db
 
     async def close(self) -> None:
         await self._db.close()
@@ -391,6 +405,13 @@ class Store:
         )
         return [SandboxRecord.from_json(row[0]) for row in rows]
 
+    async def all(self, states: Collection[str] | None = None) -> list[SandboxRecord]:
+        """Every owner's records (in ``states`` when given): for startup reconciliation and sweeps."""
+        if states is not None and not set(states) <= STATES:
+            raise ValueError(f"unknown sandbox states {sorted(set(states) - STATES)}")
+        rows = await self._db.execute_fetchall(_ALL, {"states": None if states is None else json.dumps(sorted(states))})
+        return [SandboxRecord.from_json(row[0]) for row in rows]
+
     async def list(
         self,
         owner: str,
@@ -445,6 +466,23 @@ class Store:
         if current is None:
             return NotFound(f"sandbox {sandbox_id} not found")
         return GenerationConflict(sandbox_id, expected_generation, current.generation)
+
+
+async def _switch_to_wal(db: aiosqlite.Connection, busy_timeout_ms: int) -> list[Any]:
+    """``PRAGMA journal_mode = WAL``, retried while another opener holds the lock.
+
+    Changing the journal mode of a new file needs an exclusive lock, and SQLite answers "database
+    is locked" at once instead of calling the busy handler when several connections try together
+    (two servers starting on one new file): retry within the same time budget.
+    """
+    deadline = asyncio.get_running_loop().time() + busy_timeout_ms / 1000
+    while True:
+        try:
+            return list(await db.execute_fetchall("PRAGMA journal_mode = WAL"))
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorname != "SQLITE_BUSY" or asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.01)
 
 
 def _limit(limit: int | None) -> int:

@@ -116,6 +116,8 @@ class Metrics:
     memory_bytes: int
     memory_limit_bytes: int
     pids: int
+    disk_used_bytes: int = 0  # what the sandbox wrote (its writable layer)
+    disk_total_bytes: int = 0  # what it may write: the disk limit, else the free space of the host filesystem
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,10 @@ class Backend(Protocol):
 
     async def snapshot(self, sandbox_id: str) -> str:
         """Capture the writable layer as a new template; returns its id."""
+        ...
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        """Remove a snapshot; False when there is none, TransitionError while a sandbox uses it."""
         ...
 
     async def update_network(

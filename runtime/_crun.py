@@ -27,7 +27,7 @@ import secrets
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +99,7 @@ class CrunBackend:
         templates_root: Path | None = None,
         crun: str = "crun",
         id_mapping: _idmap.Mapping | None = _idmap.DEFAULT_MAPPING,  # None: sandbox root is host root
+        templates: Iterable[Template] = (),  # already built: used as they are, never looked up again
     ) -> None:
         self._dir = state_dir
         self._crun = crun
@@ -110,7 +111,9 @@ class CrunBackend:
         self._templates_root = templates_root
         self._locks: dict[str, asyncio.Lock] = {}
         # Templates are immutable once built; resolving one hashes the source tree, so once per name.
-        self._templates: dict[str, tuple[list[str], tuple[str, ...]]] = {}
+        self._templates: dict[str, tuple[list[str], tuple[str, ...]]] = {
+            built.name: ([str(built.rootfs)], tuple(built.agent_command)) for built in templates
+        }
         (self._dir / "sandboxes").mkdir(parents=True, exist_ok=True)
         (self._dir / "snapshots").mkdir(parents=True, exist_ok=True)
         (self._dir / "crun").mkdir(parents=True, exist_ok=True)
@@ -285,6 +288,10 @@ class CrunBackend:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=out,
+                # The container's init inherits this session: in the caller's, a signal to the
+                # caller's process group (Ctrl-C, a supervisor stopping the server) would reach
+                # every sandbox. Sandboxes outlive the server; startup reconciliation adopts them.
+                start_new_session=True,
             )
             code = await proc.wait()
         if code != 0:
@@ -392,13 +399,25 @@ class CrunBackend:
         record = self._record(sandbox_id)
         limits = _limits(record)
         cgroup = f"{CGROUP_PARENT}/{sandbox_id}"
+        disk_used, disk_total = await asyncio.to_thread(self._disk, record)
         return Metrics(
             cpu_count=limits.cpu_count,
             cpu_usage_ns=_read_int(f"/sys/fs/cgroup/cpuacct/{cgroup}/cpuacct.usage"),
             memory_bytes=_read_int(f"/sys/fs/cgroup/memory/{cgroup}/memory.usage_in_bytes"),
             memory_limit_bytes=limits.memory_mb << 20,
             pids=_read_int(f"/sys/fs/cgroup/pids/{cgroup}/pids.current"),
+            disk_used_bytes=disk_used,
+            disk_total_bytes=disk_total,
         )
+
+    def _disk(self, record: Record) -> tuple[int, int]:
+        upper = self._home(record.sandbox_id) / "upper"
+        used = _tree_bytes(upper)
+        limit_mb = _limits(record).disk_mb
+        if limit_mb is not None:
+            return used, limit_mb << 20
+        stat = os.statvfs(upper)
+        return used, used + stat.f_bavail * stat.f_frsize
 
     async def snapshot(self, sandbox_id: str) -> str:
         async with self._lock(sandbox_id):
@@ -433,7 +452,12 @@ class CrunBackend:
             needle in json.loads(m.read_text())["lowers"] for m in (self._dir / "snapshots").glob("*/manifest.json")
         )
 
-    def delete_snapshot(self, snapshot_id: str) -> bool:
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        return await asyncio.to_thread(self._delete_snapshot, snapshot_id)
+
+    def _delete_snapshot(self, snapshot_id: str) -> bool:
+        if not snapshot_id or "/" in snapshot_id or snapshot_id.startswith("."):
+            return False
         target = self._dir / "snapshots" / snapshot_id
         if not (target / "manifest.json").exists():
             return False
@@ -585,6 +609,21 @@ def _is_mount(path: str) -> bool:
 def _mounts_under(folder: Path) -> list[str]:
     prefix = str(folder).rstrip("/") + "/"
     return [point for point in _mount_points() if point.startswith(prefix)]
+
+
+def _tree_bytes(root: Path) -> int:
+    """Bytes allocated under ``root`` (as du counts them), without following symlinks."""
+    total = 0
+    stack = [str(root)]
+    while stack:
+        with contextlib.suppress(OSError), os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    info = entry.stat(follow_symlinks=False)
+                    total += info.st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+    return total
 
 
 def _read_int(path: str) -> int:

@@ -93,7 +93,16 @@ class FakeBackend:
         sandbox = self._get(sandbox_id)
         limits = sandbox.spec.limits
         running = sandbox.state is State.RUNNING
-        return Metrics(limits.cpu_count, 0, 1 << 20 if running else 0, limits.memory_mb << 20, 1 if running else 0)
+        used = sum(len(data) for data in sandbox.files.values())
+        return Metrics(
+            limits.cpu_count,
+            0,
+            1 << 20 if running else 0,
+            limits.memory_mb << 20,
+            1 if running else 0,
+            used,
+            (limits.disk_mb or 1024) << 20,
+        )
 
     async def snapshot(self, sandbox_id: str) -> str:
         sandbox = self._get(sandbox_id)
@@ -101,6 +110,14 @@ class FakeBackend:
         snapshot_id = f"snap-fake-{next(self._snapshot_ids)}"
         self.templates[snapshot_id] = dict(sandbox.files)
         return snapshot_id
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        if not snapshot_id.startswith("snap-") or snapshot_id not in self.templates:
+            return False
+        if any(sandbox.spec.template == snapshot_id for sandbox in self._sandboxes.values()):
+            raise TransitionError(f"snapshot {snapshot_id} is in use")
+        del self.templates[snapshot_id]
+        return True
 
     async def update_network(
         self, sandbox_id: str, *, allow_internet_access: bool, allow_out: tuple[str, ...], deny_out: tuple[str, ...]

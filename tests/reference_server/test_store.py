@@ -192,17 +192,20 @@ def test_two_servers_opening_a_new_file_together_apply_each_migration_once(tmp_p
     async def scenario() -> None:
         stores = await asyncio.gather(*(Store.open(path) for _ in range(4)))
         try:
-            assert sorted(store.migrated for store in stores) == [(), (), (), (1,)]
+            # Each migration commits on its own, so openers may share the work, but none is applied twice.
+            applied = [version for store in stores for version in store.migrated]
+            assert sorted(applied) == [migration.version for migration in MIGRATIONS]
         finally:
             for store in stores:
                 await store.close()
-        assert [row[0] for row in history(path)] == [1]
+        assert [row[0] for row in history(path)] == [migration.version for migration in MIGRATIONS]
 
     run(scenario)
 
 
-WIDGETS = Migration(2, "widgets", "CREATE TABLE widgets (id INTEGER PRIMARY KEY, name TEXT NOT NULL) STRICT;\n")
-WIDGET_NAMES = Migration(3, "widget names", "CREATE INDEX widgets_by_name ON widgets (name);\n")
+NEXT = len(MIGRATIONS) + 1  # test migrations follow the real ones
+WIDGETS = Migration(NEXT, "widgets", "CREATE TABLE widgets (id INTEGER PRIMARY KEY, name TEXT NOT NULL) STRICT;\n")
+WIDGET_NAMES = Migration(NEXT + 1, "widget names", "CREATE INDEX widgets_by_name ON widgets (name);\n")
 
 
 def test_new_migrations_are_applied_in_order(tmp_path: Path) -> None:
@@ -212,21 +215,25 @@ def test_new_migrations_are_applied_in_order(tmp_path: Path) -> None:
         async with await Store.open(path) as store:
             await store.insert(make())
         async with await Store.open(path, migrations=(*MIGRATIONS, WIDGETS, WIDGET_NAMES)) as newer:
-            assert newer.migrated == (2, 3)  # 3 needs 2's table: order matters
+            assert newer.migrated == (NEXT, NEXT + 1)  # the second needs the first's table: order matters
             assert await newer.get("sb-1") == make()
-        assert [row[:2] for row in history(path)] == [(1, "sandboxes"), (2, "widgets"), (3, "widget names")]
+        assert [row[:2] for row in history(path)] == [
+            *((migration.version, migration.name) for migration in MIGRATIONS),
+            (NEXT, "widgets"),
+            (NEXT + 1, "widget names"),
+        ]
 
     run(scenario)
 
 
 def test_a_failing_migration_leaves_nothing_behind(tmp_path: Path) -> None:
     path = tmp_path / "store.db"
-    broken = Migration(2, "half", "CREATE TABLE half (x INTEGER) STRICT;\nINSERT INTO nowhere VALUES (1);\n")
+    broken = Migration(NEXT, "half", "CREATE TABLE half (x INTEGER) STRICT;\nINSERT INTO nowhere VALUES (1);\n")
 
     async def scenario() -> None:
         with pytest.raises(sqlite3.OperationalError, match="nowhere"):
             await Store.open(path, migrations=(*MIGRATIONS, broken))
-        async with await Store.open(path) as store:  # migration 1 committed on its own
+        async with await Store.open(path) as store:  # the real migrations committed on their own
             assert store.migrated == ()
 
     run(scenario)
@@ -235,7 +242,7 @@ def test_a_failing_migration_leaves_nothing_behind(tmp_path: Path) -> None:
         assert db.execute("SELECT name FROM sqlite_schema WHERE name = 'half'").fetchall() == []
     finally:
         db.close()
-    assert [row[0] for row in history(path)] == [1]
+    assert [row[0] for row in history(path)] == [migration.version for migration in MIGRATIONS]
 
 
 def test_a_history_from_a_newer_server_is_refused(tmp_path: Path) -> None:
@@ -244,7 +251,7 @@ def test_a_history_from_a_newer_server_is_refused(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with await Store.open(path, migrations=(*MIGRATIONS, WIDGETS)):
             pass
-        with pytest.raises(UnknownMigrationHistory, match=r"migration 2 \('widgets'.*newer server"):
+        with pytest.raises(UnknownMigrationHistory, match=rf"migration {NEXT} \('widgets'.*newer server"):
             await Store.open(path)
         async with await Store.open(path, migrations=(*MIGRATIONS, WIDGETS)) as newer:  # untouched by the refusal
             assert newer.migrated == ()
@@ -289,7 +296,7 @@ def test_a_history_with_a_hole_is_refused(tmp_path: Path) -> None:
         async with await Store.open(path, migrations=known):
             pass
         db = raw(path)
-        db.execute("DELETE FROM schema_migrations WHERE version = 2")
+        db.execute("DELETE FROM schema_migrations WHERE version = ?", (NEXT,))
         db.close()
         with pytest.raises(UnknownMigrationHistory, match="hole"):
             await Store.open(path, migrations=known)

@@ -26,7 +26,7 @@ import pytest
 from contract.generated.process import process_connect
 from contract.generated.process import process_pb2 as ppb
 from runtime import _host, _network
-from runtime._backend import Limits, SandboxSpec, State
+from runtime._backend import Limits, SandboxSpec, State, TransitionError
 from runtime._crun import CGROUP_PARENT, CrunBackend
 from runtime.templates import ensure_template
 
@@ -212,9 +212,11 @@ def test_snapshot_is_a_template(backend: CrunBackend) -> None:
     )
     assert shell(restored, "echo more >> /home/user/snap.txt")[0] == 0, "writable, copy-on-write"
     assert backend.snapshot_in_use(snapshot_id)
+    with pytest.raises(TransitionError, match="in use"):
+        run(backend.delete_snapshot(snapshot_id))
     run(backend.kill("sn2"))
-    assert backend.delete_snapshot(snapshot_id)
-    assert not backend.delete_snapshot(snapshot_id)
+    assert run(backend.delete_snapshot(snapshot_id))
+    assert not run(backend.delete_snapshot(snapshot_id))
 
 
 def test_reconcile_after_a_crash(state_dir: Path) -> None:
@@ -316,3 +318,19 @@ def test_network_policy_is_applied_and_updated(backend: CrunBackend) -> None:
     assert shell(host, "ip route | grep -c default || true")[1].strip() == b"1", "egress on: a default route"
     run(backend.kill("net1"))
     assert net.host_if not in table()
+
+
+def test_sandboxes_outlive_a_signal_to_the_callers_process_group(backend: CrunBackend, state_dir: Path) -> None:
+    """Ctrl-C or a supervisor's group kill stops the server, never the sandboxes it started."""
+    started(backend, "sess1")
+    record = json.loads((state_dir / "sandboxes" / "sess1" / "record.json").read_text())
+    state = subprocess.run(
+        ["crun", "--root", str(state_dir / "crun"), "state", record["container"]],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    init_pid = json.loads(state.stdout)["pid"]
+    assert os.getsid(init_pid) != os.getsid(0)
+    assert os.getpgid(init_pid) != os.getpgid(0)
+    run(backend.kill("sess1"))

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,23 +139,40 @@ def _parse(proc: subprocess.CompletedProcess[str], what: str) -> dict[str, Any]:
 
 
 class ScenarioRunner:
-    """Runs one named scenario with one client flavour and returns its JSON result."""
+    """Runs one named scenario with one client flavour and returns its JSON result.
 
-    def __init__(self, agent: Agent, python: PythonClients, node: NodeClients) -> None:
-        self.agent = agent
+    ``env`` configures the clients (debug mode here; the reference server's tests pass the
+    server's client environment), ``workdir`` names the scenario's working folder as the
+    sandbox sees it, and ``scripts`` is the folder of ``py_sync.py``, ``py_async.py`` and ``js.cjs``.
+    """
+
+    def __init__(
+        self,
+        python: PythonClients,
+        node: NodeClients,
+        *,
+        env: dict[str, str],
+        workdir: Callable[[str], str],
+        scripts: Path = SCENARIOS,
+    ) -> None:
         self.python = python
         self.node = node
+        self.env = env
+        self.workdir = workdir
+        self.scripts = scripts
 
-    def __call__(self, flavour: str, name: str, timeout: float = 180) -> dict[str, Any]:
-        workdir = self.agent.workdir / f"{flavour}-{name.replace('/', '-')}"
-        workdir.mkdir(parents=True, exist_ok=True)
+    def work(self, flavour: str, name: str) -> str:
+        return self.workdir(f"{flavour}-{name.replace('/', '-')}")
+
+    def __call__(self, flavour: str, name: str, timeout: float = 180, *args: str) -> dict[str, Any]:
+        workdir = self.work(flavour, name)
         if flavour in ("py-sync", "py-async"):
-            script = SCENARIOS / ("py_sync.py" if flavour == "py-sync" else "py_async.py")
-            cmd = [str(self.python.python), "-I", str(script), name, str(workdir)]
-            env = _client_env()
+            script = self.scripts / ("py_sync.py" if flavour == "py-sync" else "py_async.py")
+            cmd = [str(self.python.python), "-I", str(script), name, workdir, *args]
+            env = dict(self.env)
         elif flavour == "js":
-            cmd = ["node", str(SCENARIOS / "js.cjs"), name, str(workdir)]
-            env = {**_client_env(), "NODE_PATH": str(self.node.root / "node_modules")}
+            cmd = ["node", str(self.scripts / "js.cjs"), name, workdir, *args]
+            env = {**self.env, "NODE_PATH": str(self.node.root / "node_modules")}
         else:
             raise ValueError(flavour)
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
@@ -164,4 +181,9 @@ class ScenarioRunner:
 
 @pytest.fixture(scope="package")
 def scenario(agent: Agent, python_clients: PythonClients, node_clients: NodeClients) -> ScenarioRunner:
-    return ScenarioRunner(agent, python_clients, node_clients)
+    def workdir(name: str) -> str:
+        folder = agent.workdir / name
+        folder.mkdir(parents=True, exist_ok=True)
+        return str(folder)
+
+    return ScenarioRunner(python_clients, node_clients, env=_client_env(), workdir=workdir)

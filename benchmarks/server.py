@@ -1,0 +1,161 @@
+"""Benchmark of the reference server: ``Sandbox.create()`` to the first ``commands.run`` result.
+
+The pinned official Python client, configured only by the variables the server prints, creates
+``--sandboxes`` sandboxes one after another on a real server (TLS edge, crun sandboxes) and times
+create, the first command and their sum. The floor, measured in the same run on the same
+runtime folder once the server has stopped: the crun backend's own create → agent healthy (what
+no server can avoid). Prints p50/p90 and the ratio to the floor; writes JSON. Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from conformance._clients import ensure_python_clients
+from reference_server._server import READY_LINE
+from runtime._backend import SandboxSpec
+from runtime._crun import CrunBackend
+
+HERE = Path(__file__).parent
+REPO = HERE.parent
+
+
+def _quantiles(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    deciles = statistics.quantiles(ordered, n=10, method="inclusive") if len(ordered) > 1 else ordered * 9
+    return {"p50_ms": statistics.median(ordered) * 1000, "p90_ms": deciles[8] * 1000, "n": len(ordered)}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _start_server(data_dir: Path, port: int, log: Path) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    env.update(E2B_COMPAT_SERVER_DATA_DIR=str(data_dir), E2B_COMPAT_SERVER_PORT=str(port))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "e2b_compat", "serve"],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert process.stdout is not None
+        with process.stdout, log.open("w") as out:
+            for line in process.stdout:
+                out.write(line)
+                if line.strip() == READY_LINE:
+                    ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    while not ready.wait(0.2):
+        if process.poll() is not None:
+            raise SystemExit(f"the server did not start; see {log}")
+    return process
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    os.killpg(process.pid, signal.SIGTERM)  # the group this benchmark created
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+async def _floor(backend: CrunBackend, count: int) -> list[float]:
+    samples = []
+    for index in range(count):
+        sandbox_id = f"floor{index}"
+        start = time.perf_counter()
+        await backend.create(SandboxSpec(sandbox_id, "base"))
+        await backend.start(sandbox_id)
+        samples.append(time.perf_counter() - start)
+        await backend.kill(sandbox_id)
+    return samples
+
+
+def _client_env(data_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("E2B_", "PYTHON"))}
+    for line in (data_dir / "client.env").read_text().splitlines():
+        words = shlex.split(line, comments=True)
+        if len(words) == 2 and words[0] == "export":
+            name, _, value = words[1].partition("=")
+            env[name] = value
+    return env
+
+
+def run(sandboxes: int) -> dict[str, Any]:
+    clients = ensure_python_clients()
+    with tempfile.TemporaryDirectory(prefix="e2b-compat-bench-", dir="/var/tmp") as tmp:
+        data_dir = Path(tmp)
+        data_dir.chmod(0o755)  # idmapped sandbox users traverse it
+        server = _start_server(data_dir, _free_port(), data_dir / "server.log")
+        try:
+            out = subprocess.run(
+                [str(clients.python), "-I", str(HERE / "server_client.py"), str(sandboxes)],
+                env=_client_env(data_dir),
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=1800,
+            )
+        finally:
+            _stop(server)
+        if out.returncode != 0:
+            raise SystemExit(f"client run failed:\n{out.stderr[-3000:]}")
+        client = json.loads(out.stdout.splitlines()[-1])
+        backend = CrunBackend(data_dir / "runtime")
+        floor = asyncio.run(_floor(backend, sandboxes))
+        shutil.rmtree(data_dir / "runtime", ignore_errors=True)
+    report = {name: _quantiles(samples) for name, samples in client.items()}
+    report["floor: crun create -> agent healthy"] = _quantiles(floor)
+    floor_p50 = report["floor: crun create -> agent healthy"]["p50_ms"]
+    report["ratio: create -> first run / floor (p50)"] = {"ratio": report["total"]["p50_ms"] / floor_p50}
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sandboxes", type=int, default=30)
+    parser.add_argument("--output", type=Path, default=REPO / "reports" / "bench" / "server.json")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("the server benchmark runs real crun sandboxes: it needs root")
+    report = run(args.sandboxes)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    for name, values in report.items():
+        if "ratio" in values:
+            print(f"{name:45} {values['ratio']:8.2f}")
+        else:
+            print(f"{name:45} p50 {values['p50_ms']:8.1f} ms   p90 {values['p90_ms']:8.1f} ms   n={values['n']}")
+    print(f"written to {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,570 @@
+"""The sandbox service: every lifecycle operation, as the store and the runtime see it.
+
+Handlers parse and map; this module decides. Each operation on one sandbox runs under that
+sandbox's lock (in this process) and moves its record by compare-and-swap (across processes and
+against the reaper), in the order that keeps a crash recoverable:
+
+    record first (creating / pausing / resuming / killing), then the runtime, then the record again
+
+so a server killed between the two writes leaves a transitional state that startup
+reconciliation (``_reconcile``) settles against what the runtime really has. A sandbox is
+reported ``running`` only once its agent has answered ``/init``: its lifetime starts there.
+
+Every refusal is an ``ApiError`` with the upstream status; the owner check makes another
+owner's sandbox indistinguishable from a missing one (404), as upstream does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import string
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from runtime._backend import (
+    Backend,
+    Limits,
+    SandboxRuntimeError,
+    SandboxSpec,
+    State,
+    TemplateNotFoundError,
+    TransitionError,
+)
+
+from . import _errors as text
+from ._credentials import SealedToken, TokenScope, TokenVault, new_sandbox_token
+from ._errors import ApiError
+from ._metrics import MetricsBook
+from ._snapshots import SnapshotRecord, SnapshotStore
+from ._store import GenerationConflict, NotFound, SandboxRecord, Store, StoreError
+
+__all__ = [
+    "AgentInitializer",
+    "CreateRequest",
+    "Opened",
+    "SandboxService",
+    "ServiceSettings",
+    "Target",
+    "api_state",
+    "new_sandbox_id",
+]
+
+log = logging.getLogger(__name__)
+
+ID_ALPHABET = string.ascii_lowercase + string.digits
+ID_LENGTH = 20
+MAX_EVENTS = 200  # lifecycle log lines kept per sandbox
+# API states → the store states they cover. A sandbox in flight is shown as where it is heading.
+API_STATES: dict[str, frozenset[str]] = {
+    "running": frozenset({"running", "resuming"}),
+    "paused": frozenset({"paused", "pausing"}),
+}
+VISIBLE = frozenset().union(*API_STATES.values())
+
+
+def new_sandbox_id() -> str:
+    first = secrets.choice(string.ascii_lowercase)  # never all digits: ids appear in host names
+    return first + "".join(secrets.choice(ID_ALPHABET) for _ in range(ID_LENGTH - 1))
+
+
+def api_state(state: str) -> str:
+    return next(name for name, states in API_STATES.items() if state in states) if state in VISIBLE else state
+
+
+class AgentInitializer(Protocol):
+    """Sends ``POST /init`` to a sandbox's agent (the seam tests replace)."""
+
+    async def __call__(self, host: str, port: int, body: Mapping[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    domain: str  # reported in create/connect answers: "<name>:<port>" as the clients must use it
+    envd_version: str
+    templates: frozenset[str]  # names a sandbox may start from (snapshots come on top, per owner)
+    cpu_count: int = 2
+    memory_mb: int = 512
+    max_timeout_s: int = 86_400
+    egress_enabled: bool = False  # the operator's switch; without it no sandbox reaches outside
+    agent_port: int = 49983
+    default_user: str = "user"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreateRequest:
+    template_id: str
+    timeout_s: int
+    env_vars: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)
+    secure: bool = True
+    allow_internet_access: bool = True
+    auto_pause: bool = False
+    auto_pause_memory: bool = True
+    auto_resume: bool = False
+    allow_public_traffic: bool = True
+    allow_out: tuple[str, ...] = ()
+    deny_out: tuple[str, ...] = ()
+    mask_request_host: str | None = None
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A sandbox record with its tokens in the clear, for create/connect/resume answers only."""
+
+    record: SandboxRecord
+    envd_token: str | None
+    traffic_token: str | None
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the edge sends a request for one sandbox, and what it must check first."""
+
+    host: str
+    traffic_token: SealedToken | None
+
+
+class SandboxService:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        snapshots: SnapshotStore,
+        backend: Backend,
+        vault: TokenVault,
+        settings: ServiceSettings,
+        initialize: AgentInitializer,
+        metrics: MetricsBook,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        self.store = store
+        self.snapshots = snapshots
+        self.backend = backend
+        self.vault = vault
+        self.settings = settings
+        self.metrics = metrics
+        self._initialize = initialize
+        self._clock = clock or (lambda: datetime.now(UTC))
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def now(self) -> datetime:
+        return self._clock()
+
+    def lock(self, sandbox_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(sandbox_id, asyncio.Lock())
+
+    # -- reading -----------------------------------------------------------------------
+
+    async def owned(self, owner: str, sandbox_id: str) -> SandboxRecord:
+        record = await self.store.get(sandbox_id)
+        if record is None or record.owner != owner or record.state in ("killing", "killed", "failed"):
+            raise ApiError(404, f"{text.SANDBOX_NOT_FOUND}: {sandbox_id}")
+        return record
+
+    def check_timeout(self, timeout_s: int) -> None:
+        if timeout_s < 0:
+            raise ApiError(400, "Timeout must not be negative")
+        if timeout_s > self.settings.max_timeout_s:
+            raise ApiError(400, f"Timeout cannot be greater than {self.settings.max_timeout_s // 3600} hours")
+
+    def tokens(self, record: SandboxRecord) -> Opened:
+        def opened(key: str, scope: TokenScope) -> str | None:
+            sealed = record.data.get(key)
+            return None if sealed is None else self.vault.open(SealedToken.from_dict(sealed), scope, record.sandbox_id)
+
+        return Opened(record, opened("envd_token", TokenScope.ENVD), opened("traffic_token", TokenScope.TRAFFIC))
+
+    # -- create ------------------------------------------------------------------------
+
+    async def create(self, owner: str, request: CreateRequest) -> Opened:
+        self.check_timeout(request.timeout_s)
+        await self._check_template(owner, request.template_id)
+        sandbox_id = new_sandbox_id()
+        envd_token = new_sandbox_token() if request.secure else None
+        traffic_token = None if request.allow_public_traffic else new_sandbox_token()
+        now = self.now()
+        data: dict[str, Any] = {
+            "envd_version": self.settings.envd_version,
+            "secure": request.secure,
+            "envd_token": None if envd_token is None else self._seal(envd_token, TokenScope.ENVD, sandbox_id),
+            "traffic_token": None
+            if traffic_token is None
+            else self._seal(traffic_token, TokenScope.TRAFFIC, sandbox_id),
+            "allow_internet_access": request.allow_internet_access,
+            "network": {
+                "allowPublicTraffic": request.allow_public_traffic,
+                "allowOut": list(request.allow_out),
+                "denyOut": list(request.deny_out),
+                **({"maskRequestHost": request.mask_request_host} if request.mask_request_host else {}),
+            },
+            "auto_pause_memory": request.auto_pause_memory,
+            "auto_resume": request.auto_resume,
+            "cpu_count": self.settings.cpu_count,
+            "memory_mb": self.settings.memory_mb,
+            "timeout_s": request.timeout_s,
+            "address": None,
+            "started_at": None,
+            "events": [],
+        }
+        record = SandboxRecord(
+            sandbox_id=sandbox_id,
+            owner=owner,
+            template_id=request.template_id,
+            state="creating",
+            created_at=now,
+            expires_at=now + timedelta(seconds=request.timeout_s),
+            metadata=request.metadata,
+            env_vars=request.env_vars,
+            auto_pause=request.auto_pause,
+            data=_event(data, now, "info", "sandbox creating", template=request.template_id),
+        )
+        record = await self.store.insert(record)
+        async with self.lock(sandbox_id):
+            try:
+                spec = SandboxSpec(
+                    sandbox_id=sandbox_id,
+                    template=request.template_id,
+                    limits=Limits(cpu_count=self.settings.cpu_count, memory_mb=self.settings.memory_mb),
+                    hostname=sandbox_id,
+                    allow_internet_access=request.allow_internet_access and self.settings.egress_enabled,
+                    allow_out=request.allow_out if self.settings.egress_enabled else (),
+                    deny_out=request.deny_out,
+                )
+                await self.backend.create(spec)
+                info = await self.backend.start(sandbox_id)
+                record = await self._started(record, info.host, request.timeout_s, "sandbox started")
+            except BaseException as exc:
+                await self._discard(record)
+                if isinstance(exc, TemplateNotFoundError):
+                    raise ApiError(404, f"Template '{request.template_id}' not found") from None
+                if isinstance(exc, SandboxRuntimeError):
+                    log.error("creating %s failed: %s", sandbox_id, exc)
+                    raise ApiError(500, text.INTERNAL) from None
+                raise
+        await self.metrics.sample(sandbox_id)
+        return Opened(record, envd_token, traffic_token)
+
+    async def _check_template(self, owner: str, template_id: str) -> None:
+        if template_id in self.settings.templates:
+            return
+        snapshot = await self.snapshots.get(template_id)
+        if snapshot is None or snapshot.owner != owner:
+            raise ApiError(404, f"Template '{template_id}' not found")
+
+    def _seal(self, token: str, scope: TokenScope, sandbox_id: str) -> dict[str, int | str]:
+        return self.vault.seal(token, scope, sandbox_id).to_dict()
+
+    async def _started(self, record: SandboxRecord, host: str | None, timeout_s: int, message: str) -> SandboxRecord:
+        """The runtime runs it: initialize the agent, then record it running from now on."""
+        if host is None:
+            raise SandboxRuntimeError(f"{record.sandbox_id}: the runtime gave no address")
+        body: dict[str, Any] = {
+            "envVars": record.env_vars,
+            "defaultUser": self.settings.default_user,
+            "timestamp": _rfc3339(self.now()),
+        }
+        opened = self.tokens(record)
+        if opened.envd_token is not None:
+            body["accessToken"] = opened.envd_token
+        await self._initialize(host, self.settings.agent_port, body)
+        now = self.now()  # the lifetime starts once the agent is ready
+        data = dict(record.data, address=host, started_at=record.data.get("started_at") or _rfc3339(now))
+        data["timeout_s"] = timeout_s
+        return await self.store.compare_and_swap(
+            record.sandbox_id,
+            record.generation,
+            {
+                "state": "running",
+                "expires_at": now + timedelta(seconds=timeout_s),
+                "data": _event(data, now, "info", message),
+            },
+        )
+
+    async def finish_start(self, record: SandboxRecord, host: str | None, timeout_s: int) -> SandboxRecord:
+        """Complete a start the runtime finished but the record does not show (reconciliation)."""
+        return await self._started(record, host, timeout_s, "sandbox resumed after a server restart")
+
+    async def release(self, record: SandboxRecord) -> None:
+        """Kill whatever the runtime has for this record and delete the record."""
+        current = await self.store.get(record.sandbox_id)
+        if current is None:
+            await self.backend.kill(record.sandbox_id)
+            return
+        await self._kill(current)
+
+    async def _settle(self, record: SandboxRecord) -> None:
+        """After a failed pause or resume: record what the runtime really has, or release it."""
+        try:
+            info = await self.backend.inspect(record.sandbox_id)
+            current = await self.store.get(record.sandbox_id)
+            if current is None:
+                return
+            if info.state is State.RUNNING and current.state == "pausing":
+                await self._swap(current, state="running")
+            elif info.state in (State.PAUSED, State.STOPPED) and current.state == "resuming":
+                await self._swap(current, state="paused")
+            else:
+                await self._kill(current)
+        except Exception:
+            log.exception("settling %s after a failed operation", record.sandbox_id)
+            await self._discard(record)
+
+    async def _discard(self, record: SandboxRecord) -> None:
+        """Release whatever a failed operation left and forget the sandbox; never raises."""
+        try:
+            current = await self.store.get(record.sandbox_id)
+            if current is not None:
+                await self._kill(current)
+            else:
+                await self.backend.kill(record.sandbox_id)
+        except Exception:
+            log.exception("could not clean up after %s", record.sandbox_id)
+
+    # -- connect, resume, pause ---------------------------------------------------------
+
+    async def connect(self, owner: str, sandbox_id: str, timeout_s: int) -> tuple[Opened, bool]:
+        """200 (False) when it was running, 201 (True) when this call resumed it."""
+        self.check_timeout(timeout_s)
+        async with self.lock(sandbox_id):
+            record = await self.owned(owner, sandbox_id)
+            if record.state == "running":
+                record = await self._keep_alive(record, timeout_s)
+                return self.tokens(record), False
+            if record.state == "paused":
+                return self.tokens(await self._resume(record, timeout_s)), True
+            raise ApiError(409, text.LIFECYCLE_CONFLICT)
+
+    async def resume(self, owner: str, sandbox_id: str, timeout_s: int, auto_pause: bool | None) -> Opened:
+        self.check_timeout(timeout_s)
+        async with self.lock(sandbox_id):
+            record = await self.owned(owner, sandbox_id)
+            if record.state == "running":
+                raise ApiError(409, text.ALREADY_RUNNING)
+            if record.state != "paused":
+                raise ApiError(409, text.LIFECYCLE_CONFLICT)
+            if auto_pause is not None and auto_pause != record.auto_pause:
+                record = await self._swap(record, auto_pause=auto_pause)
+            return self.tokens(await self._resume(record, timeout_s))
+
+    async def _resume(self, record: SandboxRecord, timeout_s: int) -> SandboxRecord:
+        record = await self._swap(record, state="resuming")
+        try:
+            info = await self.backend.resume(record.sandbox_id)
+            return await self._started(record, info.host, timeout_s, "sandbox resumed")
+        except (SandboxRuntimeError, OSError) as exc:  # OSError: the agent did not answer /init
+            log.error("resuming %s failed: %s", record.sandbox_id, exc)
+            await self._settle(record)
+            raise ApiError(500, text.INTERNAL) from None
+
+    async def pause(self, owner: str, sandbox_id: str, *, memory: bool) -> None:
+        async with self.lock(sandbox_id):
+            record = await self.owned(owner, sandbox_id)
+            if record.state == "paused":
+                raise ApiError(409, text.ALREADY_PAUSED)
+            if record.state != "running":
+                raise ApiError(409, text.LIFECYCLE_CONFLICT)
+            await self._pause(record, memory=memory)
+
+    async def _pause(self, record: SandboxRecord, *, memory: bool) -> SandboxRecord:
+        record = await self._swap(record, state="pausing")
+        try:
+            await self.backend.pause(record.sandbox_id, memory=memory)
+        except SandboxRuntimeError as exc:
+            log.error("pausing %s failed: %s", record.sandbox_id, exc)
+            await self._settle(record)
+            raise ApiError(500, text.INTERNAL) from None
+        now = self.now()
+        data = _event(dict(record.data, address=None, paused_memory=memory), now, "info", "sandbox paused")
+        return await self._swap(record, state="paused", data=data)
+
+    # -- kill, timeouts ----------------------------------------------------------------
+
+    async def kill(self, owner: str, sandbox_id: str) -> bool:
+        async with self.lock(sandbox_id):
+            try:
+                record = await self.owned(owner, sandbox_id)
+            except ApiError:
+                return False
+            await self._kill(record)
+        self._locks.pop(sandbox_id, None)
+        return True
+
+    async def _kill(self, record: SandboxRecord) -> None:
+        """killing → runtime released → record deleted. Repeating it after a crash is safe."""
+        if record.state != "killing":
+            record = await self._swap(record, state="killing")
+        await self.backend.kill(record.sandbox_id)
+        await self.store.delete(record.sandbox_id, record.generation)
+        self.metrics.drop(record.sandbox_id)
+
+    async def set_timeout(self, owner: str, sandbox_id: str, timeout_s: int) -> None:
+        """E2B's set_timeout: the sandbox expires ``timeout_s`` from now, sooner or later than before."""
+        self.check_timeout(timeout_s)
+        async with self.lock(sandbox_id):
+            record = await self.owned(owner, sandbox_id)
+            data = dict(record.data, timeout_s=timeout_s)
+            await self._swap(record, expires_at=self.now() + timedelta(seconds=timeout_s), data=data)
+
+    async def refresh(self, owner: str, sandbox_id: str, duration_s: int) -> None:
+        """Keep it alive at least ``duration_s`` more; never shortens (upstream's refreshes)."""
+        self.check_timeout(duration_s)
+        async with self.lock(sandbox_id):
+            record = await self.owned(owner, sandbox_id)
+            if record.state == "running":
+                await self._keep_alive(record, duration_s)
+
+    async def _keep_alive(self, record: SandboxRecord, timeout_s: int) -> SandboxRecord:
+        return await self._guard(
+            self.store.extend_expiry(record.sandbox_id, record.generation, self.now() + timedelta(seconds=timeout_s))
+        )
+
+    async def update_network(
+        self,
+        owner: str,
+        sandbox_id: str,
+        *,
+        allow_internet_access: bool | None,
+        allow_out: tuple[str, ...] | None,
+        deny_out: tuple[str, ...] | None,
+    ) -> None:
+        async with self.lock(sandbox_id):
+            record = await self.owned(owner, sandbox_id)
+            if record.state != "running":
+                raise ApiError(409, text.SANDBOX_NOT_RUNNING)
+            network = dict(record.data.get("network") or {})
+            internet = (
+                record.data.get("allow_internet_access", True)
+                if allow_internet_access is None
+                else allow_internet_access
+            )
+            if allow_out is not None:
+                network["allowOut"] = list(allow_out)
+            if deny_out is not None:
+                network["denyOut"] = list(deny_out)
+            egress = self.settings.egress_enabled
+            await self.backend.update_network(
+                sandbox_id,
+                allow_internet_access=bool(internet) and egress,
+                allow_out=tuple(network.get("allowOut", ())) if egress else (),
+                deny_out=tuple(network.get("denyOut", ())),
+            )
+            data = _event(
+                dict(record.data, network=network, allow_internet_access=internet),
+                self.now(),
+                "info",
+                "network updated",
+            )
+            await self._swap(record, data=data)
+
+    # -- snapshots ---------------------------------------------------------------------
+
+    async def snapshot(self, owner: str, sandbox_id: str, name: str | None) -> SnapshotRecord:
+        async with self.lock(sandbox_id):
+            record = await self.owned(owner, sandbox_id)
+            if record.state not in ("running", "paused"):
+                raise ApiError(409, text.LIFECYCLE_CONFLICT)
+            try:
+                snapshot_id = await self.backend.snapshot(sandbox_id)
+            except SandboxRuntimeError as exc:
+                log.error("snapshot of %s failed: %s", sandbox_id, exc)
+                raise ApiError(500, text.INTERNAL) from None
+            snapshot = SnapshotRecord(
+                snapshot_id=snapshot_id,
+                owner=owner,
+                sandbox_id=sandbox_id,
+                template_id=record.template_id,
+                names=(name or snapshot_id,),
+                created_at=self.now(),
+            )
+            await self.snapshots.insert(snapshot)
+            await self._swap(
+                record, data=_event(dict(record.data), self.now(), "info", "snapshot taken", snapshot=snapshot_id)
+            )
+            return snapshot
+
+    async def delete_template(self, owner: str, template_id: str) -> bool:
+        """``DELETE /templates/{id}``: only snapshots can be deleted here; False when not found."""
+        snapshot = await self.snapshots.get(template_id)
+        if snapshot is None or snapshot.owner != owner:
+            return False
+        try:
+            await self.backend.delete_snapshot(template_id)
+        except TransitionError:
+            raise ApiError(409, text.SNAPSHOT_IN_USE) from None
+        await self.snapshots.delete(template_id)
+        return True
+
+    # -- the edge ----------------------------------------------------------------------
+
+    async def target(self, sandbox_id: str) -> Target | None:
+        """Where a data-plane request goes; resumes a paused sandbox that asked for it. None: 502."""
+        record = await self.store.get(sandbox_id)
+        if record is None:
+            return None
+        if record.state == "paused" and record.data.get("auto_resume"):
+            async with self.lock(sandbox_id):
+                record = await self.store.get(sandbox_id)
+                if record is not None and record.state == "paused":
+                    timeout_s = int(record.data.get("timeout_s") or 300)
+                    try:
+                        record = await self._resume(record, timeout_s)
+                    except ApiError:
+                        return None
+        if record is None or record.state != "running" or not record.data.get("address"):
+            return None
+        sealed = record.data.get("traffic_token")
+        return Target(str(record.data["address"]), None if sealed is None else SealedToken.from_dict(sealed))
+
+    # -- the reaper ----------------------------------------------------------------------
+
+    async def reap(self) -> list[str]:
+        """Kill (or pause, when asked) every running sandbox past its expiry; returns their ids."""
+        acted = []
+        for expired in await self.store.expired(self.now()):
+            async with self.lock(expired.sandbox_id):
+                record = await self.store.get(expired.sandbox_id)
+                # Re-read under the lock: an extension that won the race leaves nothing to do.
+                if record is None or record.state != "running" or record.expires_at > self.now():
+                    continue
+                try:
+                    if record.auto_pause:
+                        await self._pause(record, memory=bool(record.data.get("auto_pause_memory", True)))
+                    else:
+                        await self._kill(record)
+                except (ApiError, StoreError, SandboxRuntimeError) as exc:
+                    log.warning("expiring %s: %s", record.sandbox_id, exc)
+                    continue
+            acted.append(expired.sandbox_id)
+        return acted
+
+    # -- helpers -------------------------------------------------------------------------
+
+    async def _swap(self, record: SandboxRecord, **changes: Any) -> SandboxRecord:
+        return await self._guard(self.store.compare_and_swap(record.sandbox_id, record.generation, changes))  # type: ignore[arg-type]
+
+    @staticmethod
+    async def _guard(operation: Any) -> SandboxRecord:
+        try:
+            result: SandboxRecord = await operation
+        except GenerationConflict:
+            raise ApiError(409, text.LIFECYCLE_CONFLICT) from None
+        except NotFound:
+            raise ApiError(404, text.SANDBOX_NOT_FOUND) from None
+        return result
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _event(data: dict[str, Any], at: datetime, level: str, message: str, **fields: str) -> dict[str, Any]:
+    """``data`` with one more lifecycle log entry (the newest ``MAX_EVENTS`` are kept)."""
+    events = [
+        *data.get("events", []),
+        {"timestamp": _rfc3339(at), "level": level, "message": message, "fields": fields},
+    ]
+    return dict(data, events=events[-MAX_EVENTS:])

@@ -1,0 +1,295 @@
+"""Assembling and running the reference server: what ``e2b-compat serve`` does, in order.
+
+1. Host checks (root): the runtime's packages and cgroup fix (``runtime._host.prepare``), and
+   name resolution for every name under the domain (``_nameres``), each saying what it changes.
+2. The data directory: edge certificates (a local CA and a leaf for the domain and its
+   wildcard), the master key that seals sandbox tokens, the SQLite store, the first API key.
+3. The runtime and the template (built once, then cached by content).
+4. Reconciliation against the runtime, before anything is served.
+5. The reaper and the metrics sampler, then TLS listeners on every configured address (both
+   ``127.0.0.1`` and ``::1``: Node resolves ``*.localhost`` to ``::1`` first), then the client
+   environment is printed and written to ``<data_dir>/client.env``.
+
+``open_server`` does steps 2-4 with an injectable backend and initializer (tests use the fake
+backend); ``serve`` is the whole sequence for the command line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from runtime._backend import Backend
+from runtime.agent._server import NoDelayH11Protocol, bind
+from runtime.agent._version import ENVD_VERSION
+from runtime.templates import Template
+
+from ._agent_init import HttpAgentInitializer
+from ._client_env import ClientEnvironment, domain_with_port
+from ._config import ServerConfig
+from ._control_plane import create_control_plane
+from ._credentials import TokenVault, load_or_create_master_key
+from ._edge import Edge
+from ._keys import KeyStore, ensure_key
+from ._metrics import MetricsBook
+from ._proxy import SandboxProxy
+from ._reconcile import Reconciliation, reconcile
+from ._routing import parse_domain
+from ._sandboxes import AgentInitializer, SandboxService, ServiceSettings
+from ._snapshots import SnapshotStore
+from ._store import Store
+from ._tls import EdgeCertificates, ensure_certificates, ssl_context
+
+__all__ = [
+    "READY_LINE",
+    "RunningServer",
+    "ServerStartError",
+    "listen_sockets",
+    "open_server",
+    "print_ready",
+    "run",
+    "serve",
+]
+
+log = logging.getLogger(__name__)
+
+READY_LINE = "e2b-compat server ready"
+PUBLIC_CA_FILE = "ca.pem"  # the CA certificate, readable by every local user (the tls folder is private)
+KEEPALIVE_S = 640  # as upstream's edge: longer than any client's idle pool timeout
+
+
+class ServerStartError(Exception):
+    """Something the server needs is missing and could not be provided; the message says what."""
+
+
+@dataclass
+class RunningServer:
+    config: ServerConfig
+    store: Store
+    keys: KeyStore
+    service: SandboxService
+    edge: Edge
+    proxy: SandboxProxy
+    certificates: EdgeCertificates
+    api_key: str
+    reconciliation: Reconciliation
+
+    @property
+    def client_environment(self) -> ClientEnvironment:
+        return ClientEnvironment.for_server(
+            self.api_key, self.config.domain, self.config.port, self.config.data_dir / PUBLIC_CA_FILE
+        )
+
+
+def _public_domain(config: ServerConfig) -> str:
+    return domain_with_port(config.domain, config.port)
+
+
+def _crun_backend(config: ServerConfig, templates: Sequence[Template]) -> Backend:
+    from runtime._crun import CrunBackend  # noqa: PLC0415 - only the crun configuration needs it
+
+    runtime_dir = config.data_dir / "runtime"
+    runtime_dir.mkdir(parents=True, exist_ok=True)
+    # The templates checked at start-up are the ones served: a source change while the server
+    # runs must not start a rebuild in the middle of a create request.
+    return CrunBackend(runtime_dir, templates=templates)
+
+
+def _publish_ca(source: Path, target: Path) -> None:
+    """Copy the CA certificate (public by nature) where clients of any user can read it."""
+    data = source.read_bytes()
+    if target.exists() and target.read_bytes() == data:
+        return
+    staging = target.with_name(f".{target.name}.{os.getpid()}")
+    staging.write_bytes(data)
+    staging.chmod(0o644)
+    os.replace(staging, target)
+
+
+@contextlib.asynccontextmanager
+async def open_server(
+    config: ServerConfig,
+    *,
+    backend: Backend | None = None,
+    initialize: AgentInitializer | None = None,
+    templates: Sequence[Template] = (),
+) -> AsyncIterator[RunningServer]:
+    """Everything but the listeners and background tasks, reconciled and ready to serve."""
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    # o+x only: the runtime's idmapped sandbox users must traverse it to reach their layers.
+    os.chmod(config.data_dir, 0o711)  # noqa: S103 - traverse only: no listing, no reading
+    certificates = ensure_certificates(config.data_dir / "tls", config.domain)
+    _publish_ca(certificates.ca_cert_path, config.data_dir / PUBLIC_CA_FILE)
+    vault = TokenVault(load_or_create_master_key(config.data_dir / "master.key"))
+    database = config.data_dir / "server.db"
+    database.touch(mode=0o600, exist_ok=True)  # it holds key hashes; SQLite gives -wal/-shm the same mode
+    database.chmod(0o600)
+    store = await Store.open(database)
+    initializer = HttpAgentInitializer() if initialize is None else None
+    proxy = SandboxProxy()
+    try:
+        keys = KeyStore(store.db)
+        api_key = await ensure_key(store.db, config.data_dir / "api-key", config.owner, keys=keys)
+        backend = backend if backend is not None else _crun_backend(config, templates)
+        settings = ServiceSettings(
+            domain=_public_domain(config),
+            envd_version=ENVD_VERSION,
+            templates=frozenset({config.default_template}),
+            cpu_count=config.cpu_count,
+            memory_mb=config.memory_mb,
+            max_timeout_s=config.max_timeout_seconds,
+            egress_enabled=config.egress_enabled,
+        )
+        service = SandboxService(
+            store=store,
+            snapshots=SnapshotStore(store.db),
+            backend=backend,
+            vault=vault,
+            settings=settings,
+            initialize=initialize or initializer or HttpAgentInitializer(),
+            metrics=MetricsBook(backend),
+        )
+        reconciliation = await reconcile(service)
+        edge = Edge(
+            domain=parse_domain(_public_domain(config)),
+            control_plane=create_control_plane(service, keys),
+            service=service,
+            proxy=proxy,
+            vault=vault,
+        )
+        yield RunningServer(config, store, keys, service, edge, proxy, certificates, api_key, reconciliation)
+    finally:
+        await proxy.aclose()
+        if initializer is not None:
+            await initializer.aclose()
+        await store.close()
+
+
+async def _reaper(service: SandboxService, interval: float) -> None:
+    while True:
+        try:
+            await service.reap()
+        except Exception:  # one failed sweep must not stop expiry for good
+            log.exception("reaper sweep failed")
+        await asyncio.sleep(interval)
+
+
+async def _running_ids(service: SandboxService) -> list[str]:
+    return [record.sandbox_id for record in await service.store.all(("running",))]
+
+
+def listen_sockets(config: ServerConfig) -> list[socket.socket]:
+    return [bind(host, config.port) for host in config.hosts]
+
+
+async def run(
+    server: RunningServer, sockets: list[socket.socket], *, on_ready: Callable[[RunningServer], None] | None = None
+) -> None:
+    """Serve on ``sockets`` (already bound) until uvicorn is told to stop (SIGINT/SIGTERM)."""
+    config = server.config
+    uvicorn_config = uvicorn.Config(
+        server.edge,
+        http=NoDelayH11Protocol,
+        ws="websockets-sansio",
+        lifespan="off",
+        timeout_keep_alive=KEEPALIVE_S,
+        log_level=config.log_level,
+        access_log=False,
+        server_header=False,
+        date_header=False,  # proxied answers carry the sandbox's own Date
+        proxy_headers=False,  # nothing sits in front of the edge: X-Forwarded-* from clients are not trusted
+        timeout_graceful_shutdown=5,  # streams may never end on their own
+        ssl_certfile=str(server.certificates.cert_path),
+        ssl_keyfile=str(server.certificates.key_path),
+    )
+    uvicorn_config.load()
+    uvicorn_config.ssl = ssl_context(server.certificates)  # ALPN http/1.1 only: we do not speak h2
+    tasks = [
+        asyncio.create_task(_reaper(server.service, config.reaper_interval_seconds)),
+        asyncio.create_task(
+            server.service.metrics.run(lambda: _running_ids(server.service), config.metrics_interval_seconds)
+        ),
+    ]
+    web = uvicorn.Server(uvicorn_config)
+    watcher = asyncio.create_task(_announce(web, server, on_ready))
+    try:
+        await web.serve(sockets=sockets)
+    finally:
+        for task in (*tasks, watcher):
+            task.cancel()
+        await asyncio.gather(*tasks, watcher, return_exceptions=True)
+
+
+async def _announce(
+    web: uvicorn.Server, server: RunningServer, on_ready: Callable[[RunningServer], None] | None
+) -> None:
+    while not web.started:
+        await asyncio.sleep(0.02)
+    if on_ready is not None:
+        on_ready(server)
+
+
+def print_ready(server: RunningServer) -> None:
+    environment = server.client_environment
+    env_file = server.config.data_dir / "client.env"
+    environment.write(env_file)
+    print(environment.banner(env_file), flush=True)
+    print(READY_LINE, flush=True)
+
+
+def prepare_host(config: ServerConfig, say: Callable[[str], None]) -> None:
+    """Root only: install and check what sandboxes and the domain's names need, saying what changes."""
+    from runtime import _host  # noqa: PLC0415
+
+    from . import _nameres  # noqa: PLC0415
+
+    is_root = os.geteuid() == 0
+    try:
+        if config.backend == "crun":
+            _host.prepare(say=say)
+        _nameres.ensure(config.domain, apply=is_root, say=say)
+    except (_host.HostNotReadyError, _nameres.NameResolutionError) as exc:
+        raise ServerStartError(str(exc)) from None
+
+
+def ensure_templates(config: ServerConfig, say: Callable[[str], None]) -> list[Template]:
+    """Build (or find) the templates the server offers, before it listens."""
+    from runtime.templates import TemplateError, ensure_template  # noqa: PLC0415
+
+    try:
+        template = ensure_template(config.default_template)
+    except TemplateError as exc:
+        raise ServerStartError(f"template {config.default_template}: {exc}") from None
+    say(f"template {template.name}: {template.key[:16]}")
+    return [template]
+
+
+def serve(config: ServerConfig, say: Callable[[str], None] | None = None) -> int:
+    """The whole start-up sequence, then serve until interrupted; the command's exit status."""
+    say = say or (lambda message: print(f"e2b-compat: {message}", file=sys.stderr, flush=True))
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per proxied request would drown the rest
+    sockets = listen_sockets(config)  # first: a taken port fails at once, not after a template build
+    prepare_host(config, say)
+    templates = ensure_templates(config, say)
+
+    async def main() -> None:
+        async with open_server(config, templates=templates) as server:
+            report = server.reconciliation
+            say(
+                f"reconciled with the runtime: {len(report.kept)} kept, {len(report.finished)} finished, "
+                f"{len(report.released)} released, {len(report.orphans)} orphans removed"
+            )
+            await run(server, sockets, on_ready=print_ready)
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,287 @@
+// Control-plane scenarios for the official JS client (e2b on npm) against the reference server.
+// Run as `node js.cjs <scenario> <workdir>` with NODE_PATH at the pinned clients' node_modules,
+// so only the official packages resolve, and with only E2B_API_KEY, E2B_DOMAIN, SSL_CERT_FILE and
+// NODE_EXTRA_CA_CERTS set (plus SECOND_API_KEY, another owner's key, passed explicitly where a
+// scenario needs it). Each scenario makes its own sandboxes, kills them in `finally` and prints
+// one JSON object; the scenario names and result keys are the same as in py_sync.py.
+'use strict'
+
+const crypto = require('node:crypto')
+const { Sandbox, NotFoundError, SandboxError } = require('e2b')
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
+
+function trace(name, stage) {
+  process.stderr.write(`js:${name}:${stage}\n`)
+}
+
+async function waitUntil(check, seconds = 20) {
+  const deadline = Date.now() + seconds * 1000
+  while (Date.now() < deadline) {
+    if (await check()) return true
+    await sleep(200)
+  }
+  return await check()
+}
+
+// The name of a not-found error (SandboxNotFoundError or NotFoundError); anything else is rethrown.
+function notFoundName(err) {
+  if (err instanceof NotFoundError) return err.constructor.name
+  throw err
+}
+
+const scenarios = {
+  'sandbox/create-env-metadata': async () => {
+    const sbx = await Sandbox.create({ envs: { FROM_CREATE: 'yes' }, metadata: { case: 'create', n: '1' }, timeoutMs: 120000 })
+    try {
+      const info = await sbx.getInfo()
+      const run = await sbx.commands.run('echo $FROM_CREATE; whoami; pwd')
+      return {
+        stdout: run.stdout,
+        metadata: info.metadata,
+        template: info.templateId,
+        state: info.state,
+        same_id: info.sandboxId === sbx.sandboxId,
+        ends_after_start: info.endAt.getTime() > info.startedAt.getTime(),
+      }
+    } finally {
+      await sbx.kill()
+    }
+  },
+
+  'sandbox/get-host': async () => {
+    const sbx = await Sandbox.create({ timeoutMs: 120000 })
+    try {
+      await sbx.files.write('/home/user/site/index.html', 'hello from inside')
+      await sbx.commands.run('cd /home/user/site && python3 -m http.server 8000', { background: true })
+      const host = sbx.getHost(8000)
+      let body = ''
+      const ok = await waitUntil(async () => {
+        let response
+        try {
+          response = await fetch(`https://${host}/index.html`, { signal: AbortSignal.timeout(5000) })
+          body = await response.text()
+        } catch {
+          return false
+        }
+        return response.status === 200
+      })
+      return { host, ok, body }
+    } finally {
+      await sbx.kill()
+    }
+  },
+
+  'sandbox/list-filter-paginate': async () => {
+    const suite = crypto.randomUUID().replace(/-/g, '').slice(0, 12)
+    const made = []
+    try {
+      for (let i = 0; i < 3; i++) {
+        made.push(await Sandbox.create({ metadata: { suite, i: String(i) }, timeoutMs: 120000 }))
+      }
+      const paginator = Sandbox.list({ query: { metadata: { suite } }, limit: 2 })
+      let pages = 0
+      const seen = []
+      while (paginator.hasNext) {
+        const items = await paginator.nextItems()
+        pages += 1
+        seen.push(...items.map((item) => item.sandboxId))
+      }
+      await made[0].pause()
+      const paused = await Sandbox.list({ query: { metadata: { suite }, state: ['paused'] } }).nextItems()
+      const running = await Sandbox.list({ query: { metadata: { suite }, state: ['running'] } }).nextItems()
+      const sameSet = (a, b) => JSON.stringify([...a].sort()) === JSON.stringify([...b].sort())
+      return {
+        pages,
+        all_found: sameSet(seen, made.map((s) => s.sandboxId)),
+        paused: JSON.stringify(paused.map((s) => s.sandboxId)) === JSON.stringify([made[0].sandboxId]),
+        paused_state: paused.map((s) => s.state),
+        running: sameSet(running.map((s) => s.sandboxId), made.slice(1).map((s) => s.sandboxId)),
+      }
+    } finally {
+      for (const sbx of made) await sbx.kill()
+    }
+  },
+
+  'sandbox/timeout': async () => {
+    const sbx = await Sandbox.create({ timeoutMs: 120000 })
+    try {
+      await sbx.setTimeout(2000)
+      const gone = await waitUntil(async () => !(await sbx.isRunning()), 30)
+      let infoError = null
+      try {
+        await sbx.getInfo()
+      } catch (e) {
+        infoError = notFoundName(e)
+      }
+      return { gone, info_error: infoError }
+    } finally {
+      await sbx.kill()
+    }
+  },
+
+  'sandbox/pause-memory-connect': async () => {
+    const sbx = await Sandbox.create({ timeoutMs: 120000 })
+    try {
+      const handle = await sbx.commands.run('while true; do date +%s%N > /tmp/tick; sleep 0.1; done', { background: true })
+      const first = await sbx.pause()
+      const second = await sbx.pause()
+      const listed = (await Sandbox.list({ query: { state: ['paused'] } }).nextItems()).map((s) => s.sandboxId)
+      const state = (await Sandbox.getInfo(sbx.sandboxId)).state
+      const again = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 120000 })
+      const pids = (await again.commands.list()).map((p) => p.pid)
+      const before = await again.files.read('/tmp/tick')
+      const ticking = await waitUntil(async () => (await again.files.read('/tmp/tick')) !== before, 10)
+      return {
+        first,
+        second,
+        listed_paused: listed.includes(sbx.sandboxId),
+        state,
+        process_survived: pids.includes(handle.pid),
+        still_ticking: ticking,
+        running_after: await again.isRunning(),
+      }
+    } finally {
+      await sbx.kill()
+    }
+  },
+
+  'sandbox/pause-filesystem-connect': async () => {
+    const sbx = await Sandbox.create({ envs: { KEEP: 'env' }, timeoutMs: 120000 })
+    try {
+      await sbx.files.write('/home/user/kept.txt', 'kept across the pause')
+      const handle = await sbx.commands.run('sleep 600', { background: true })
+      const paused = await sbx.pause({ keepMemory: false })
+      const again = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 120000 })
+      return {
+        paused,
+        file: await again.files.read('/home/user/kept.txt'),
+        process_gone: !(await again.commands.list()).some((p) => p.pid === handle.pid),
+        env: (await again.commands.run('echo $KEEP')).stdout,
+      }
+    } finally {
+      await sbx.kill()
+    }
+  },
+
+  'sandbox/snapshot-restore': async () => {
+    const source = await Sandbox.create({ timeoutMs: 120000 })
+    let restored = null
+    try {
+      await source.files.write('/home/user/snap.txt', 'snapshot content')
+      const snapshot = await source.createSnapshot()
+      const snapshotId = snapshot.snapshotId
+      const listed = (await Sandbox.listSnapshots({ sandboxId: source.sandboxId }).nextItems()).map((s) => s.snapshotId)
+      const sourceRunning = await source.isRunning()
+      await source.kill()
+      restored = await Sandbox.create(snapshotId, { timeoutMs: 120000 })
+      const content = await restored.files.read('/home/user/snap.txt')
+      await restored.files.write('/home/user/snap.txt', 'changed')
+      let inUse
+      try {
+        await Sandbox.deleteSnapshot(snapshotId)
+        inUse = 'deleted while in use'
+      } catch (e) {
+        if (!(e instanceof SandboxError)) throw e
+        inUse = e.message.slice(0, 3) // the SDK formats API errors as "<status>: <message>"
+      }
+      await restored.kill()
+      return {
+        listed: listed.includes(snapshotId),
+        names: snapshot.names,
+        source_running: sourceRunning,
+        content,
+        in_use: inUse,
+        deleted: await Sandbox.deleteSnapshot(snapshotId),
+        deleted_again: await Sandbox.deleteSnapshot(snapshotId),
+      }
+    } finally {
+      await source.kill()
+      if (restored !== null) await restored.kill()
+    }
+  },
+
+  'sandbox/metrics': async () => {
+    const sbx = await Sandbox.create({ timeoutMs: 120000 })
+    try {
+      await sbx.commands.run('head -c 20000000 /dev/urandom | sha256sum')
+      let metrics = []
+      await waitUntil(async () => {
+        metrics = await sbx.getMetrics()
+        return metrics.length >= 2 // the server samples every second in these tests
+      }, 15)
+      const first = metrics.length ? metrics[0] : null
+      return {
+        count: metrics.length,
+        cpu_count: first ? first.cpuCount : null,
+        mem_total: first ? first.memTotal : null,
+        mem_used_positive: Boolean(first && first.memUsed > 0),
+        // timestamp is a Date built from the API's string; an unparsable one is an Invalid Date
+        has_timestamp: Boolean(first && first.timestamp instanceof Date && !Number.isNaN(first.timestamp.getTime())),
+      }
+    } finally {
+      await sbx.kill()
+    }
+  },
+
+  'sandbox/kill-is-running': async () => {
+    const sbx = await Sandbox.create({ timeoutMs: 120000 })
+    try {
+      const running = await sbx.isRunning()
+      const killed = await sbx.kill()
+      let connectError = null
+      try {
+        await Sandbox.connect(sbx.sandboxId)
+      } catch (e) {
+        connectError = notFoundName(e)
+      }
+      return {
+        running,
+        killed,
+        running_after: await sbx.isRunning(),
+        killed_again: await Sandbox.kill(sbx.sandboxId),
+        connect_error: connectError,
+      }
+    } finally {
+      await sbx.kill()
+    }
+  },
+
+  'sandbox/other-owner': async () => {
+    const second = process.env.SECOND_API_KEY
+    if (!second) throw new Error('SECOND_API_KEY is not set')
+    const sbx = await Sandbox.create({ metadata: { 'owner-test': 'yes' }, timeoutMs: 120000 })
+    try {
+      const theirs = (await Sandbox.list({ apiKey: second }).nextItems()).map((s) => s.sandboxId)
+      let connectError = null
+      try {
+        await Sandbox.connect(sbx.sandboxId, { apiKey: second })
+      } catch (e) {
+        connectError = notFoundName(e)
+      }
+      return {
+        listed_for_other: theirs.includes(sbx.sandboxId),
+        connect_error: connectError,
+        other_kill: await Sandbox.kill(sbx.sandboxId, { apiKey: second }),
+        still_running: await sbx.isRunning(),
+      }
+    } finally {
+      await sbx.kill()
+    }
+  },
+}
+
+async function main() {
+  const [name, work] = process.argv.slice(2)
+  const run = Object.hasOwn(scenarios, name) ? scenarios[name] : undefined
+  if (!run) throw new Error(`unknown scenario ${JSON.stringify(name)}; known: ${Object.keys(scenarios).join(', ')}`)
+  trace(name, 'start')
+  const result = await run(work)
+  trace(name, 'done')
+  console.log(JSON.stringify(result))
+}
+
+main().catch((err) => {
+  console.error(err)
+  process.exit(1)
+})

@@ -1,0 +1,284 @@
+"""Control-plane scenarios for the official Python client (sync flavour) against the reference server.
+
+Run by the pinned client's own interpreter (``python -I py_sync.py <scenario> <workdir>``) with
+only ``E2B_API_KEY``, ``E2B_DOMAIN``, ``SSL_CERT_FILE`` and ``NODE_EXTRA_CA_CERTS`` set (plus
+``SECOND_API_KEY``, another owner's key, passed explicitly where a scenario needs it). Each
+scenario makes its own sandboxes, kills them in ``finally`` and prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from e2b import NotFoundException, Sandbox, SandboxException, SandboxQuery, SandboxState
+
+SCENARIOS: dict[str, Callable[[str], dict[str, Any]]] = {}
+
+
+def scenario(name: str) -> Callable[[Callable[[str], dict[str, Any]]], Callable[[str], dict[str, Any]]]:
+    def register(fn: Callable[[str], dict[str, Any]]) -> Callable[[str], dict[str, Any]]:
+        SCENARIOS[name] = fn
+        return fn
+
+    return register
+
+
+def trace(name: str, stage: str) -> None:
+    print(f"py-sync:{name}:{stage}", file=sys.stderr, flush=True)
+
+
+def wait_until(check: Callable[[], bool], seconds: float = 20) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return check()
+
+
+@scenario("sandbox/create-env-metadata")
+def _create(work: str) -> dict[str, Any]:
+    sbx = Sandbox.create(envs={"FROM_CREATE": "yes"}, metadata={"case": "create", "n": "1"}, timeout=120)
+    try:
+        info = sbx.get_info()
+        run = sbx.commands.run("echo $FROM_CREATE; whoami; pwd")
+        return {
+            "stdout": run.stdout,
+            "metadata": info.metadata,
+            "template": info.template_id,
+            "state": info.state.value,
+            "same_id": info.sandbox_id == sbx.sandbox_id,
+            "ends_after_start": info.end_at > info.started_at,
+        }
+    finally:
+        sbx.kill()
+
+
+@scenario("sandbox/get-host")
+def _get_host(work: str) -> dict[str, Any]:
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.files.write("/home/user/site/index.html", "hello from inside")
+        sbx.commands.run("cd /home/user/site && python3 -m http.server 8000", background=True)
+        host = sbx.get_host(8000)
+        body = ""
+
+        def served() -> bool:
+            nonlocal body
+            try:
+                response = httpx.get(f"https://{host}/index.html", timeout=5)
+            except httpx.HTTPError:
+                return False
+            body = response.text
+            return response.status_code == 200
+
+        ok = wait_until(served)
+        return {"host": host, "ok": ok, "body": body}
+    finally:
+        sbx.kill()
+
+
+@scenario("sandbox/list-filter-paginate")
+def _list(work: str) -> dict[str, Any]:
+    suite = uuid.uuid4().hex[:12]
+    made = [Sandbox.create(metadata={"suite": suite, "i": str(i)}, timeout=120) for i in range(3)]
+    try:
+        paginator = Sandbox.list(query=SandboxQuery(metadata={"suite": suite}), limit=2)
+        pages, seen = 0, []
+        while paginator.has_next:
+            items = paginator.next_items()
+            pages += 1
+            seen += [item.sandbox_id for item in items]
+        made[0].pause()
+        paused = Sandbox.list(query=SandboxQuery(metadata={"suite": suite}, state=[SandboxState.PAUSED])).next_items()
+        running = Sandbox.list(query=SandboxQuery(metadata={"suite": suite}, state=[SandboxState.RUNNING])).next_items()
+        return {
+            "pages": pages,
+            "all_found": sorted(seen) == sorted(s.sandbox_id for s in made),
+            "paused": [s.sandbox_id for s in paused] == [made[0].sandbox_id],
+            "paused_state": [s.state.value for s in paused],
+            "running": sorted(s.sandbox_id for s in running) == sorted(s.sandbox_id for s in made[1:]),
+        }
+    finally:
+        for sbx in made:
+            sbx.kill()
+
+
+@scenario("sandbox/timeout")
+def _timeout(work: str) -> dict[str, Any]:
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.set_timeout(2)
+        gone = wait_until(lambda: not sbx.is_running(), 30)
+        try:
+            sbx.get_info()
+            info_error = None
+        except NotFoundException as exc:
+            info_error = type(exc).__name__
+        return {"gone": gone, "info_error": info_error}
+    finally:
+        sbx.kill()
+
+
+@scenario("sandbox/pause-memory-connect")
+def _pause_memory(work: str) -> dict[str, Any]:
+    sbx = Sandbox.create(timeout=120)
+    try:
+        handle = sbx.commands.run("while true; do date +%s%N > /tmp/tick; sleep 0.1; done", background=True)
+        first = sbx.pause()
+        second = sbx.pause()
+        listed = [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()]
+        state = Sandbox.get_info(sbx.sandbox_id).state.value
+        again = Sandbox.connect(sbx.sandbox_id, timeout=120)
+        pids = [p.pid for p in again.commands.list()]
+        before = again.files.read("/tmp/tick")
+        ticking = wait_until(lambda: again.files.read("/tmp/tick") != before, 10)
+        return {
+            "first": first,
+            "second": second,
+            "listed_paused": sbx.sandbox_id in listed,
+            "state": state,
+            "process_survived": handle.pid in pids,
+            "still_ticking": ticking,
+            "running_after": again.is_running(),
+        }
+    finally:
+        sbx.kill()
+
+
+@scenario("sandbox/pause-filesystem-connect")
+def _pause_filesystem(work: str) -> dict[str, Any]:
+    sbx = Sandbox.create(envs={"KEEP": "env"}, timeout=120)
+    try:
+        sbx.files.write("/home/user/kept.txt", "kept across the pause")
+        handle = sbx.commands.run("sleep 600", background=True)
+        paused = sbx.pause(keep_memory=False)
+        again = Sandbox.connect(sbx.sandbox_id, timeout=120)
+        return {
+            "paused": paused,
+            "file": again.files.read("/home/user/kept.txt"),
+            "process_gone": handle.pid not in [p.pid for p in again.commands.list()],
+            "env": again.commands.run("echo $KEEP").stdout,
+        }
+    finally:
+        sbx.kill()
+
+
+@scenario("sandbox/snapshot-restore")
+def _snapshot(work: str) -> dict[str, Any]:
+    source = Sandbox.create(timeout=120)
+    restored = None
+    snapshot_id = None
+    try:
+        source.files.write("/home/user/snap.txt", "snapshot content")
+        snapshot = source.create_snapshot()
+        snapshot_id = snapshot.snapshot_id
+        listed = [s.snapshot_id for s in Sandbox.list_snapshots(sandbox_id=source.sandbox_id).next_items()]
+        source_running = source.is_running()
+        source.kill()
+        restored = Sandbox.create(snapshot_id, timeout=120)
+        content = restored.files.read("/home/user/snap.txt")
+        restored.files.write("/home/user/snap.txt", "changed")
+        try:
+            Sandbox.delete_snapshot(snapshot_id)
+            in_use = "deleted while in use"
+        except SandboxException as exc:
+            in_use = str(exc)[:3]
+        restored.kill()
+        return {
+            "listed": snapshot_id in listed,
+            "names": snapshot.names,
+            "source_running": source_running,
+            "content": content,
+            "in_use": in_use,
+            "deleted": Sandbox.delete_snapshot(snapshot_id),
+            "deleted_again": Sandbox.delete_snapshot(snapshot_id),
+        }
+    finally:
+        source.kill()
+        if restored is not None:
+            restored.kill()
+
+
+@scenario("sandbox/metrics")
+def _metrics(work: str) -> dict[str, Any]:
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.commands.run("head -c 20000000 /dev/urandom | sha256sum")
+        metrics: list[Any] = []
+
+        def sampled() -> bool:
+            nonlocal metrics
+            metrics = sbx.get_metrics()
+            return len(metrics) >= 2  # the server samples every second in these tests
+
+        wait_until(sampled, 15)
+        first = metrics[0] if metrics else None
+        return {
+            "count": len(metrics),
+            "cpu_count": first.cpu_count if first else None,
+            "mem_total": first.mem_total if first else None,
+            "mem_used_positive": bool(first and first.mem_used > 0),
+            "has_timestamp": bool(first and first.timestamp),
+        }
+    finally:
+        sbx.kill()
+
+
+@scenario("sandbox/kill-is-running")
+def _kill(work: str) -> dict[str, Any]:
+    sbx = Sandbox.create(timeout=120)
+    running = sbx.is_running()
+    killed = sbx.kill()
+    try:
+        Sandbox.connect(sbx.sandbox_id)
+        connect_error = None
+    except NotFoundException as exc:
+        connect_error = type(exc).__name__
+    return {
+        "running": running,
+        "killed": killed,
+        "running_after": sbx.is_running(),
+        "killed_again": Sandbox.kill(sbx.sandbox_id),
+        "connect_error": connect_error,
+    }
+
+
+@scenario("sandbox/other-owner")
+def _other_owner(work: str) -> dict[str, Any]:
+    second = os.environ["SECOND_API_KEY"]
+    sbx = Sandbox.create(metadata={"owner-test": "yes"}, timeout=120)
+    try:
+        theirs = [s.sandbox_id for s in Sandbox.list(api_key=second).next_items()]
+        try:
+            Sandbox.connect(sbx.sandbox_id, api_key=second)
+            connect_error = None
+        except NotFoundException as exc:
+            connect_error = type(exc).__name__
+        return {
+            "listed_for_other": sbx.sandbox_id in theirs,
+            "connect_error": connect_error,
+            "other_kill": Sandbox.kill(sbx.sandbox_id, api_key=second),
+            "still_running": sbx.is_running(),
+        }
+    finally:
+        sbx.kill()
+
+
+def main() -> None:
+    name, work = sys.argv[1], sys.argv[2]
+    trace(name, "start")
+    result = SCENARIOS[name](work)
+    trace(name, "done")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""The agent's envd scenarios, run by the official clients against real sandboxes on the server.
+
+The same scenario scripts and checks as ``tests/runtime/agent`` (debug mode against a bare
+agent), now configured only by the server's client environment: each scenario creates its own
+sandbox through the control plane, then reaches envd through TLS, the host-routed edge and the
+streaming proxy into the sandbox's network namespace. The working folder is ``/home/user``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.runtime.agent.conftest import ScenarioRunner
+from tests.runtime.agent.test_official_clients import CASES, Check
+
+pytestmark = [pytest.mark.artifacts]
+
+# Cases whose checks describe the bare agent's host rather than a sandbox.
+HOST_ONLY = {"commands/user-and-env"}
+
+
+@pytest.mark.parametrize(
+    ("flavour", "name", "check"),
+    [pytest.param(f, n, c, id=f"{f}:{n}") for n, flavours, c in CASES if n not in HOST_ONLY for f in flavours],
+)
+def test_envd_scenario_through_the_server(
+    server_scenario: ScenarioRunner, flavour: str, name: str, check: Check
+) -> None:
+    check(server_scenario(flavour, name), server_scenario.work(flavour, name))
+
+
+def test_a_large_file_streams_through_the_edge(server_scenario: ScenarioRunner) -> None:
+    result = server_scenario("py-sync", "files/large", timeout=600)
+    assert result["size"] == 100 * 1024 * 1024
+    assert result["sha_equal"] is True

@@ -1,0 +1,307 @@
+"""Server configuration: defaults, the file and the variables in order, refusals that name key and source."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from reference_server._config import (
+    BACKENDS,
+    CONFIG_VARIABLE,
+    FIELDS,
+    ConfigError,
+    ServerConfig,
+    default_data_dir,
+    env_variable,
+    load_config,
+    render_toml,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "data"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def env(data_dir: Path) -> dict[str, str]:
+    """An environment that keeps the tests off this machine's real data folder."""
+    return {"HOME": "/home/nobody", env_variable("data_dir"): str(data_dir)}
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+# --- defaults -----------------------------------------------------------------------------------
+
+
+def test_defaults_are_the_documented_ones(env: dict[str, str], data_dir: Path) -> None:
+    config = load_config(None, env)
+    assert config == ServerConfig(data_dir=data_dir)
+    assert dataclasses.asdict(config) == {
+        "data_dir": data_dir,
+        "domain": "e2b.localhost",
+        "port": 8443,
+        "hosts": ("127.0.0.1", "::1"),
+        "backend": "crun",
+        "default_template": "base",
+        "owner": "default",
+        "cpu_count": 2,
+        "memory_mb": 512,
+        "max_timeout_seconds": 86400,
+        "reaper_interval_seconds": 1.0,
+        "metrics_interval_seconds": 5.0,
+        "egress_enabled": False,
+        "log_level": "info",
+    }
+    assert BACKENDS == ("crun",)
+
+
+def test_default_data_dir() -> None:
+    assert default_data_dir({"HOME": "/home/u"}, euid=0) == Path("/var/lib/e2b-compat")
+    assert default_data_dir({"HOME": "/home/u", "XDG_DATA_HOME": "/xdg"}, euid=1000) == Path("/xdg/e2b-compat")
+    assert default_data_dir({"HOME": "/home/u"}, euid=1000) == Path("/home/u/.local/share/e2b-compat")
+    # The XDG spec: a relative XDG_DATA_HOME is invalid and ignored.
+    assert default_data_dir({"HOME": "/home/u", "XDG_DATA_HOME": "rel"}, euid=1000) == Path(
+        "/home/u/.local/share/e2b-compat"
+    )
+
+
+def test_the_config_is_frozen_and_checked_on_construction(data_dir: Path) -> None:
+    config = ServerConfig(data_dir=data_dir)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.port = 1  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="port"):
+        ServerConfig(data_dir=data_dir, port=0)
+
+
+# --- precedence ---------------------------------------------------------------------------------
+
+
+def test_file_overrides_defaults_and_variables_override_the_file(tmp_path: Path, env: dict[str, str]) -> None:
+    file = write(tmp_path / "c.toml", 'port = 9000\ndomain = "sb.localhost"\nhosts = ["0.0.0.0"]\n')
+    config = load_config(file, {**env, env_variable("port"): "9001"})
+    assert (config.port, config.domain, config.hosts) == (9001, "sb.localhost", ("0.0.0.0",))
+
+
+def test_the_file_is_the_argument_then_the_variable_then_the_data_dir(
+    tmp_path: Path, env: dict[str, str], data_dir: Path
+) -> None:
+    argument = write(tmp_path / "argument.toml", "port = 1001\n")
+    variable = write(tmp_path / "variable.toml", "port = 1002\n")
+    write(data_dir / "server.toml", "port = 1003\n")
+    assert load_config(argument, {**env, CONFIG_VARIABLE: str(variable)}).port == 1001
+    assert load_config(None, {**env, CONFIG_VARIABLE: str(variable)}).port == 1002
+    assert load_config(None, env).port == 1003
+
+
+def test_every_variable_is_read(tmp_path: Path, env: dict[str, str]) -> None:
+    other = tmp_path / "other"
+    values = {
+        "data_dir": str(other),
+        "domain": "a.b.localhost",
+        "port": "443",
+        "hosts": " 127.0.0.1 , ::1,0.0.0.0",
+        "backend": "crun",
+        "default_template": "os",
+        "owner": "team.a",
+        "cpu_count": "4",
+        "memory_mb": "2048",
+        "max_timeout_seconds": "3600",
+        "reaper_interval_seconds": "0.5",
+        "metrics_interval_seconds": "10",
+        "egress_enabled": "yes",
+        "log_level": "DEBUG",
+    }
+    assert set(values) == set(FIELDS)
+    config = load_config(None, {**env, **{env_variable(key): value for key, value in values.items()}})
+    assert dataclasses.asdict(config) == {
+        "data_dir": other,
+        "domain": "a.b.localhost",
+        "port": 443,
+        "hosts": ("127.0.0.1", "::1", "0.0.0.0"),
+        "backend": "crun",
+        "default_template": "os",
+        "owner": "team.a",
+        "cpu_count": 4,
+        "memory_mb": 2048,
+        "max_timeout_seconds": 3600,
+        "reaper_interval_seconds": 0.5,
+        "metrics_interval_seconds": 10.0,
+        "egress_enabled": True,
+        "log_level": "debug",
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("true", True), ("TRUE", True), ("1", True), ("yes", True), ("false", False), ("0", False), ("No", False)],
+)
+def test_boolean_variables(env: dict[str, str], text: str, expected: bool) -> None:
+    assert load_config(None, {**env, env_variable("egress_enabled"): text}).egress_enabled is expected
+
+
+def test_file_values_of_every_type(tmp_path: Path, env: dict[str, str]) -> None:
+    file = write(
+        tmp_path / "c.toml",
+        "egress_enabled = true\nreaper_interval_seconds = 2\nmetrics_interval_seconds = 0.25\n"
+        'data_dir = "~/state"\nlog_level = "Warning"\n',
+    )
+    config = load_config(file, {"HOME": env["HOME"]})  # no data_dir variable: the file's counts
+    assert config.egress_enabled is True
+    assert config.reaper_interval_seconds == 2.0
+    assert isinstance(config.reaper_interval_seconds, float)
+    assert config.metrics_interval_seconds == 0.25
+    assert config.data_dir == Path("~/state").expanduser()
+    assert config.log_level == "warning"
+
+
+# --- refusals -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("toml", "key", "problem"),
+    [
+        ("prot = 1\n", "prot", "unknown key"),
+        ("[server]\nport = 1\n", "server", "unknown key"),
+        ('port = "8443"\n', "port", "expected an integer"),
+        ("port = true\n", "port", "got a boolean"),
+        ("port = 0\n", "port", "1..65535"),
+        ("port = 65536\n", "port", "1..65535"),
+        ("port = 1.5\n", "port", "expected an integer"),
+        ('hosts = "127.0.0.1"\n', "hosts", "list of IP addresses"),
+        ("hosts = []\n", "hosts", "at least one"),
+        ('hosts = ["localhost"]\n', "hosts", "not an IP address"),
+        ('hosts = ["::1", "0:0::1"]\n', "hosts", "twice"),
+        ('domain = "localhost"\n', "domain", "single label"),
+        ('domain = "e2b.localhost:8443"\n', "domain", "includes a port"),
+        ('domain = "E2B.localhost"\n', "domain", "lowercase"),
+        ('domain = "10.0.0.1"\n', "domain", "IP address"),
+        ('backend = "docker"\n', "backend", "one of crun"),
+        ('default_template = "../x"\n', "default_template", "not a template name"),
+        ('owner = "a b"\n', "owner", "1-64 characters"),
+        ("cpu_count = 0\n", "cpu_count", "1..1024"),
+        ("memory_mb = 1\n", "memory_mb", "64.."),
+        ("max_timeout_seconds = 0\n", "max_timeout_seconds", "1.."),
+        ("reaper_interval_seconds = 0\n", "reaper_interval_seconds", "seconds"),
+        ("metrics_interval_seconds = inf\n", "metrics_interval_seconds", "seconds"),
+        ("metrics_interval_seconds = nan\n", "metrics_interval_seconds", "seconds"),
+        ('egress_enabled = "true"\n', "egress_enabled", "expected a boolean"),
+        ('log_level = "verbose"\n', "log_level", "one of"),
+        ('data_dir = "relative/path"\n', "data_dir", "absolute"),
+        ("data_dir = 5\n", "data_dir", "expected a string"),
+    ],
+)
+def test_file_errors_name_the_file_and_the_key(
+    tmp_path: Path, env: dict[str, str], toml: str, key: str, problem: str
+) -> None:
+    file = write(tmp_path / "bad.toml", toml)
+    with pytest.raises(ConfigError) as info:
+        load_config(file, {"HOME": env["HOME"]})
+    message = str(info.value)
+    assert message.startswith(f"{file}: {key}: "), message
+    assert problem in message
+
+
+def test_single_label_domain_is_refused_with_the_reason(tmp_path: Path, env: dict[str, str]) -> None:
+    file = write(tmp_path / "c.toml", 'domain = "localhost"\n')
+    with pytest.raises(ConfigError, match=r"wildcard certificate .* \(\*\.localhost\).*e2b\.localhost"):
+        load_config(file, env)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "problem"),
+    [
+        ("port", "80a", "expected an integer"),
+        ("port", "", "is empty"),
+        ("port", "1_000", "expected an integer"),
+        ("port", "٣", "expected an integer"),
+        ("port", "70000", "1..65535"),
+        ("egress_enabled", "maybe", "expected one of"),
+        ("reaper_interval_seconds", "nan", "expected a number"),
+        ("reaper_interval_seconds", "inf", "expected a number"),
+        ("hosts", "127.0.0.1,", "not an IP address"),
+        ("domain", "localhost", "single label"),
+    ],
+)
+def test_variable_errors_name_the_variable(env: dict[str, str], key: str, value: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, {**env, env_variable(key): value})
+    message = str(info.value)
+    assert message.startswith(f"environment variable {env_variable(key)}: {key}: "), message
+    assert problem in message
+
+
+@pytest.mark.parametrize("variable", ["E2B_COMPAT_SERVER_PROT", "E2B_COMPAT_SERVER_port", "E2B_COMPAT_SERVER_"])
+def test_unknown_server_variables_are_refused(env: dict[str, str], variable: str) -> None:
+    with pytest.raises(ConfigError, match=f"environment variable {variable}: not a server setting"):
+        load_config(None, {**env, variable: "1"})
+
+
+def test_other_variables_are_ignored(env: dict[str, str]) -> None:
+    assert load_config(None, {**env, "E2B_COMPAT_CACHE": "/x", "E2B_DOMAIN": "whatever"}).port == 8443
+
+
+def test_missing_or_broken_files_are_refused(tmp_path: Path, env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match=r"--config .*missing\.toml: no such file"):
+        load_config(tmp_path / "missing.toml", env)
+    with pytest.raises(ConfigError, match=f"environment variable {CONFIG_VARIABLE}: .*is not a file"):
+        load_config(None, {**env, CONFIG_VARIABLE: str(tmp_path / "missing.toml")})
+    broken = write(tmp_path / "broken.toml", "port = \n")
+    with pytest.raises(ConfigError, match=f"{broken}: not valid TOML"):
+        load_config(broken, env)
+
+
+def test_a_bad_data_dir_variable_is_reported_before_looking_for_its_file(env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match=r"E2B_COMPAT_SERVER_DATA_DIR: data_dir: .*absolute"):
+        load_config(None, {**env, env_variable("data_dir"): "relative"})
+
+
+# --- rendering ----------------------------------------------------------------------------------
+
+
+def test_render_round_trips(tmp_path: Path, env: dict[str, str]) -> None:
+    # The odd characters are the point: quotes, a backslash and a control character survive TOML quoting.
+    config = ServerConfig(
+        data_dir=tmp_path / 'odd "dir" \\ with\ttab',
+        domain="a.b.localhost",
+        port=443,
+        hosts=("::", "0.0.0.0"),
+        egress_enabled=True,
+        reaper_interval_seconds=0.125,
+        log_level="debug",
+    )
+    text = render_toml(config)
+    file = write(tmp_path / "rendered.toml", text)
+    assert load_config(file, {"HOME": env["HOME"]}) == config
+
+
+def test_render_has_every_key_with_its_description(data_dir: Path) -> None:
+    text = render_toml(ServerConfig(data_dir=data_dir))
+    assert set(tomllib.loads(text)) == set(FIELDS)
+    for item in dataclasses.fields(ServerConfig):
+        assert f"# {item.metadata['doc']}\n{item.name} = " in text
+
+
+def test_server_md_documents_every_key_its_default_and_variable(data_dir: Path) -> None:
+    doc = (REPO / "docs" / "SERVER.md").read_text()
+    rows = {
+        match.group(1): match.group(0) for match in re.finditer(r"^\| `([a-z_]+)` \|.*\|$", doc, flags=re.MULTILINE)
+    }
+    assert set(rows) == set(FIELDS)
+    defaults = ServerConfig(data_dir=data_dir)
+    for key in FIELDS:
+        assert f"`{env_variable(key)}`" in rows[key], key
+        if key != "data_dir":
+            rendered = render_toml(defaults).split(f"\n{key} = ", 1)[1].split("\n", 1)[0]
+            assert f"`{rendered.strip(chr(34))}`" in rows[key], (key, rendered)

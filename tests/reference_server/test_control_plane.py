@@ -1,0 +1,329 @@
+"""The control plane's operations, status codes and bodies, over the in-memory backend.
+
+Every success body is validated against the derived contract's schema; every refusal must be
+``{"code": <status>, "message": ...}`` with the status the clients expect (PROTOCOL.md §8.1, §9).
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from typing import Any
+
+import httpx
+import pytest
+
+from runtime._backend import State
+
+from .conftest import ALICE, BOB, Plane, conforms
+
+pytestmark = pytest.mark.anyio
+
+A = {"X-API-Key": ALICE}
+B = {"X-API-Key": BOB}
+
+
+def refused(response: httpx.Response, status: int) -> str:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["code"] == status
+    assert isinstance(body["message"], str)
+    assert body["message"]
+    return str(body["message"])
+
+
+async def test_create_answers_201_with_the_contract_fields(plane: Plane) -> None:
+    created = await plane.create(envVars={"A": "1"}, metadata={"team": "x"}, secure=True)
+    conforms("Sandbox", created)
+    assert created["templateID"] == "base"
+    assert created["envdVersion"] == "0.6.4"
+    assert created["domain"] == "e2b.test:8443"
+    assert len(created["envdAccessToken"]) == 64
+    assert created["trafficAccessToken"] is None
+    (host, port, body) = plane.initializer.calls[-1]
+    assert (host, port) == ("127.0.0.1", 49983)
+    assert body["accessToken"] == created["envdAccessToken"]
+    assert body["envVars"] == {"A": "1"}
+    assert body["defaultUser"] == "user"
+    assert (await plane.backend.inspect(created["sandboxID"])).state is State.RUNNING
+
+
+async def test_insecure_and_private_traffic_tokens(plane: Plane) -> None:
+    created = await plane.create(secure=False, network={"allowPublicTraffic": False})
+    assert "envdAccessToken" not in created
+    assert len(created["trafficAccessToken"]) == 64
+    assert "accessToken" not in plane.initializer.calls[-1][2]
+
+
+async def test_get_list_and_the_detail_schema(plane: Plane) -> None:
+    created = await plane.create(metadata={"k": "v"})
+    detail = await plane.client.get(f"/sandboxes/{created['sandboxID']}", headers=A)
+    assert detail.status_code == 200
+    conforms("SandboxDetail", detail.json())
+    assert detail.json()["state"] == "running"
+    assert detail.json()["metadata"] == {"k": "v"}
+    listed = await plane.client.get("/v2/sandboxes", headers=A)
+    conforms("ListedSandbox", listed.json(), array=True)
+    assert [item["sandboxID"] for item in listed.json()] == [created["sandboxID"]]
+    v1 = await plane.client.get("/sandboxes", headers=A)
+    conforms("ListedSandbox", v1.json(), array=True)
+
+
+async def test_metadata_and_state_filters_and_pagination(plane: Plane) -> None:
+    ids = []
+    for n in range(5):
+        ids.append((await plane.create(metadata={"team": "alpha beta", "n": str(n)}))["sandboxID"])
+        plane.clock.advance(1)  # pages are in creation order
+    await plane.create(metadata={"team": "other"})
+    # What the Python client sends: urlencode of quoted keys and values, then encoded again by httpx.
+    quoted = urllib.parse.urlencode({urllib.parse.quote("team"): urllib.parse.quote("alpha beta")})
+    seen: list[str] = []
+    token = None
+    pages = 0
+    while True:
+        params: dict[str, Any] = {"metadata": quoted, "limit": 2, "state": "running,paused"}
+        if token:
+            params["nextToken"] = token
+        page = await plane.client.get("/v2/sandboxes", params=params, headers=A)
+        assert page.status_code == 200
+        seen += [item["sandboxID"] for item in page.json()]
+        pages += 1
+        token = page.headers.get("x-next-token")
+        if not token:
+            break
+    assert seen == ids
+    assert pages == 3
+    await plane.client.post(f"/sandboxes/{ids[0]}/pause", headers=A)
+    paused = await plane.client.get("/v2/sandboxes", params={"state": "paused"}, headers=A)
+    assert [item["sandboxID"] for item in paused.json()] == [ids[0]]
+    assert paused.json()[0]["state"] == "paused"
+    refused(await plane.client.get("/v2/sandboxes", params={"nextToken": "garbage!"}, headers=A), 400)
+    refused(await plane.client.get("/v2/sandboxes", params={"state": "sleeping"}, headers=A), 400)
+    refused(await plane.client.get("/v2/sandboxes", params={"limit": 0}, headers=A), 400)
+    refused(await plane.client.get("/v2/sandboxes", params={"limit": 101}, headers=A), 400)
+    refused(await plane.client.get("/v2/sandboxes", params={"colour": "red"}, headers=A), 400)
+
+
+async def test_pause_twice_is_409_and_connect_resumes_with_201(plane: Plane) -> None:
+    sandbox_id = (await plane.create())["sandboxID"]
+    assert (
+        await plane.client.post(f"/sandboxes/{sandbox_id}/pause", json={"memory": True}, headers=A)
+    ).status_code == 204
+    assert (await plane.backend.inspect(sandbox_id)).state is State.PAUSED
+    refused(await plane.client.post(f"/sandboxes/{sandbox_id}/pause", headers=A), 409)
+    resumed = await plane.client.post(f"/sandboxes/{sandbox_id}/connect", json={"timeout": 60}, headers=A)
+    assert resumed.status_code == 201
+    conforms("Sandbox", resumed.json())
+    again = await plane.client.post(f"/sandboxes/{sandbox_id}/connect", json={"timeout": 60}, headers=A)
+    assert again.status_code == 200
+    assert again.json()["envdAccessToken"] == resumed.json()["envdAccessToken"]
+    refused(await plane.client.post(f"/sandboxes/{sandbox_id}/resume", json={}, headers=A), 409)
+
+
+async def test_filesystem_pause_restarts_processes_and_resume_reinitializes(plane: Plane) -> None:
+    sandbox_id = (await plane.create(envVars={"E": "1"}))["sandboxID"]
+    calls = len(plane.initializer.calls)
+    assert (
+        await plane.client.post(f"/sandboxes/{sandbox_id}/pause", json={"memory": False}, headers=A)
+    ).status_code == 204
+    assert (await plane.backend.inspect(sandbox_id)).state is State.STOPPED
+    resumed = await plane.client.post(f"/sandboxes/{sandbox_id}/resume", json={"timeout": 30}, headers=A)
+    assert resumed.status_code == 201
+    assert len(plane.initializer.calls) == calls + 1
+    assert plane.initializer.calls[-1][2]["envVars"] == {"E": "1"}
+
+
+async def test_kill_then_404_and_false(plane: Plane) -> None:
+    sandbox_id = (await plane.create())["sandboxID"]
+    assert (await plane.client.delete(f"/sandboxes/{sandbox_id}", headers=A)).status_code == 204
+    refused(await plane.client.delete(f"/sandboxes/{sandbox_id}", headers=A), 404)
+    refused(await plane.client.get(f"/sandboxes/{sandbox_id}", headers=A), 404)
+    refused(await plane.client.post(f"/sandboxes/{sandbox_id}/connect", json={"timeout": 5}, headers=A), 404)
+    assert await plane.backend.list() == []
+
+
+async def test_owners_are_isolated(plane: Plane) -> None:
+    sandbox_id = (await plane.create(ALICE))["sandboxID"]
+    assert (await plane.client.get("/v2/sandboxes", headers=B)).json() == []
+    for request in (
+        plane.client.get(f"/sandboxes/{sandbox_id}", headers=B),
+        plane.client.delete(f"/sandboxes/{sandbox_id}", headers=B),
+        plane.client.post(f"/sandboxes/{sandbox_id}/pause", headers=B),
+        plane.client.post(f"/sandboxes/{sandbox_id}/timeout", json={"timeout": 1}, headers=B),
+        plane.client.post(f"/sandboxes/{sandbox_id}/snapshots", json={}, headers=B),
+        plane.client.get(f"/sandboxes/{sandbox_id}/metrics", headers=B),
+    ):
+        refused(await request, 404)
+    assert (await plane.backend.inspect(sandbox_id)).state is State.RUNNING
+
+
+async def test_authentication_refusals(plane: Plane) -> None:
+    refused(await plane.client.get("/v2/sandboxes"), 401)
+    refused(await plane.client.get("/v2/sandboxes", headers={"X-API-Key": "e2b_" + "c" * 40}), 401)
+    refused(await plane.client.get("/v2/sandboxes", headers={"Authorization": "Bearer " + "c" * 40}), 401)
+    refused(await plane.client.post("/sandboxes", json={"templateID": "base"}), 401)
+
+
+async def test_invalid_bodies_are_400_and_never_echo_values(plane: Plane) -> None:
+    post = plane.client.post
+    refused(await post("/sandboxes", content=b"{not json", headers=A), 400)
+    refused(await post("/sandboxes", json=[1, 2], headers=A), 400)
+    refused(await post("/sandboxes", json={}, headers=A), 400)
+    message = refused(await post("/sandboxes", json={"templateID": "base", "envVars": {"K": 5}}, headers=A), 400)
+    assert "envVars/K" in message
+    secret = "s3cr3t-value-" + "x" * 20
+    message = refused(await post("/sandboxes", json={"templateID": "base", "timeout": secret}, headers=A), 400)
+    assert secret not in message
+    refused(await post("/sandboxes", json={"templateID": "base", "timeout": -1}, headers=A), 400)
+    refused(await post("/sandboxes", json={"templateID": "base", "timeout": 10**7}, headers=A), 400)
+    refused(await post("/sandboxes", json={"templateID": "nope"}, headers=A), 404)
+    refused(await post("/sandboxes", content=b"{" + b" " * (2 << 20) + b"}", headers=A), 413)
+    assert await plane.backend.list() == []
+
+
+async def test_chunked_bodies_are_read(plane: Plane) -> None:
+    async def body() -> Any:
+        yield b'{"templateID": '
+        yield b'"base", "timeout": 30}'
+
+    response = await plane.client.post("/sandboxes", content=body(), headers=A)
+    assert response.status_code == 201
+
+
+async def test_timeout_and_refresh(plane: Plane) -> None:
+    sandbox_id = (await plane.create(timeout=100))["sandboxID"]
+
+    async def end_at() -> str:
+        return str((await plane.client.get(f"/sandboxes/{sandbox_id}", headers=A)).json()["endAt"])
+
+    first = await end_at()
+    assert (
+        await plane.client.post(f"/sandboxes/{sandbox_id}/timeout", json={"timeout": 10}, headers=A)
+    ).status_code == 204
+    shorter = await end_at()
+    assert shorter < first, "set_timeout may shorten"
+    for body in (None, {}, {"duration": 5}):
+        response = await plane.client.post(f"/sandboxes/{sandbox_id}/refreshes", json=body, headers=A)
+        assert response.status_code == 204
+    assert await end_at() >= shorter, "a refresh never shortens"
+    refused(await plane.client.post(f"/sandboxes/{sandbox_id}/timeout", json={}, headers=A), 400)
+
+
+async def test_the_reaper_kills_or_pauses_expired_sandboxes(plane: Plane) -> None:
+    killed = (await plane.create(timeout=10))["sandboxID"]
+    paused = (await plane.create(timeout=10, autoPause=True))["sandboxID"]
+    kept = (await plane.create(timeout=100))["sandboxID"]
+    plane.clock.advance(11)
+    assert sorted(await plane.service.reap()) == sorted([killed, paused])
+    refused(await plane.client.get(f"/sandboxes/{killed}", headers=A), 404)
+    assert (await plane.client.get(f"/sandboxes/{paused}", headers=A)).json()["state"] == "paused"
+    assert (await plane.client.get(f"/sandboxes/{kept}", headers=A)).json()["state"] == "running"
+
+
+async def test_an_extension_that_wins_the_race_keeps_the_sandbox(plane: Plane) -> None:
+    sandbox_id = (await plane.create(timeout=10))["sandboxID"]
+    plane.clock.advance(11)
+    expired = await plane.store.expired(plane.clock())
+    assert [record.sandbox_id for record in expired] == [sandbox_id]
+    # The extension lands after the reaper listed the record but before it acted.
+    await plane.client.post(f"/sandboxes/{sandbox_id}/timeout", json={"timeout": 60}, headers=A)
+    assert await plane.service.reap() == []
+    assert (await plane.backend.inspect(sandbox_id)).state is State.RUNNING
+
+
+async def test_snapshots(plane: Plane) -> None:
+    source = (await plane.create())["sandboxID"]
+    plane.backend.write(source, "/home/user/a.txt", b"kept")
+    made = await plane.client.post(f"/sandboxes/{source}/snapshots", json={"name": "mine"}, headers=A)
+    assert made.status_code == 201
+    conforms("SnapshotInfo", made.json())
+    snapshot_id = made.json()["snapshotID"]
+    assert made.json()["names"] == ["mine"]
+    second = (await plane.client.post(f"/sandboxes/{source}/snapshots", headers=A)).json()["snapshotID"]
+    other = (await plane.create())["sandboxID"]
+    await plane.client.post(f"/sandboxes/{other}/snapshots", json={}, headers=A)
+    listed = await plane.client.get("/snapshots", params={"sandboxID": source, "limit": 1}, headers=A)
+    conforms("SnapshotInfo", listed.json(), array=True)
+    assert [item["snapshotID"] for item in listed.json()] == [snapshot_id]
+    token = listed.headers["x-next-token"]
+    rest = await plane.client.get("/snapshots", params={"sandboxID": source, "nextToken": token}, headers=A)
+    assert [item["snapshotID"] for item in rest.json()] == [second]
+    assert "x-next-token" not in rest.headers
+    assert (await plane.client.get("/snapshots", headers=B)).json() == []
+    # A snapshot works as a template, for its owner only.
+    restored = await plane.create(templateID=snapshot_id)
+    assert plane.backend.read(restored["sandboxID"], "/home/user/a.txt") == b"kept"
+    refused(await plane.client.post("/sandboxes", json={"templateID": snapshot_id}, headers=B), 404)
+    refused(await plane.client.delete(f"/templates/{snapshot_id}", headers=A), 409)
+    refused(await plane.client.delete(f"/templates/{snapshot_id}", headers=B), 404)
+    await plane.client.delete(f"/sandboxes/{restored['sandboxID']}", headers=A)
+    assert (await plane.client.delete(f"/templates/{snapshot_id}", headers=A)).status_code == 204
+    refused(await plane.client.delete(f"/templates/{snapshot_id}", headers=A), 404)
+
+
+async def test_metrics_single_batch_and_ranges(plane: Plane) -> None:
+    sandbox_id = (await plane.create())["sandboxID"]
+    plane.clock.advance(5)
+    await plane.service.metrics.sample(sandbox_id)
+    series = await plane.client.get(f"/sandboxes/{sandbox_id}/metrics", headers=A)
+    conforms("SandboxMetric", series.json(), array=True)
+    assert len(series.json()) == 2
+    assert series.json()[0]["memTotal"] == 512 << 20
+    old = await plane.client.get(f"/sandboxes/{sandbox_id}/metrics", params={"start": 0, "end": 1000}, headers=A)
+    assert old.json() == [], "a 1970 range has nothing"
+    refused(await plane.client.get(f"/sandboxes/{sandbox_id}/metrics", params={"start": 9, "end": 1}, headers=A), 400)
+    batch = await plane.client.get("/sandboxes/metrics", params={"sandbox_ids": f"{sandbox_id},missing"}, headers=A)
+    conforms("SandboxesWithMetrics", batch.json())
+    assert list(batch.json()["sandboxes"]) == [sandbox_id]
+    assert (await plane.client.get("/sandboxes/metrics", params={"sandbox_ids": sandbox_id}, headers=B)).json() == {
+        "sandboxes": {}
+    }
+
+
+async def test_logs_v1_and_v2(plane: Plane) -> None:
+    sandbox_id = (await plane.create())["sandboxID"]
+    await plane.client.post(f"/sandboxes/{sandbox_id}/pause", headers=A)
+    v1 = await plane.client.get(f"/sandboxes/{sandbox_id}/logs", headers=A)
+    conforms("SandboxLogs", v1.json())
+    assert [line["line"] for line in v1.json()["logs"]] == ["sandbox creating", "sandbox started", "sandbox paused"]
+    v2 = await plane.client.get(f"/v2/sandboxes/{sandbox_id}/logs", params={"direction": "backward"}, headers=A)
+    conforms("SandboxLogsV2Response", v2.json())
+    assert v2.json()["logs"][0]["message"] == "sandbox paused"
+    refused(await plane.client.get(f"/v2/sandboxes/{sandbox_id}/logs", params={"level": "loud"}, headers=A), 400)
+
+
+async def test_network_update(plane: Plane) -> None:
+    sandbox_id = (await plane.create())["sandboxID"]
+    update = {"allow_internet_access": False, "allowOut": ["10.0.0.0/8"], "denyOut": ["0.0.0.0/0"]}
+    assert (await plane.client.put(f"/sandboxes/{sandbox_id}/network", json=update, headers=A)).status_code == 204
+    detail = (await plane.client.get(f"/sandboxes/{sandbox_id}", headers=A)).json()
+    assert detail["network"]["allowOut"] == ["10.0.0.0/8"]
+    assert detail["allowInternetAccess"] is False
+    await plane.client.post(f"/sandboxes/{sandbox_id}/pause", headers=A)
+    refused(await plane.client.put(f"/sandboxes/{sandbox_id}/network", json=update, headers=A), 409)
+
+
+async def test_unknown_routes_and_methods_use_the_error_shape(plane: Plane) -> None:
+    refused(await plane.client.get("/nothing-here", headers=A), 404)
+    refused(await plane.client.patch("/sandboxes", headers=A), 405)
+
+
+async def test_a_failed_start_leaves_nothing(plane: Plane) -> None:
+    plane.initializer.fail = True
+    refused(await plane.client.post("/sandboxes", json={"templateID": "base"}, headers=A), 500)
+    assert await plane.backend.list() == []
+    assert await plane.store.all() == []
+
+
+async def test_v2_create_and_connect_fill_in_what_newer_clients_omit(plane: Plane) -> None:
+    created = await plane.client.post("/v2/sandboxes", json={"templateID": "base"}, headers=A)
+    assert created.status_code == 201
+    conforms("Sandbox", created.json())
+    assert "envdAccessToken" in created.json(), "v2 sandboxes are always secure"
+    sandbox_id = created.json()["sandboxID"]
+    detail = (await plane.client.get(f"/sandboxes/{sandbox_id}", headers=A)).json()
+    assert detail["lifecycle"] == {"autoResume": False, "onTimeout": "kill"}
+    await plane.client.post(f"/sandboxes/{sandbox_id}/pause", json={}, headers=A)
+    resumed = await plane.client.post(f"/v2/sandboxes/{sandbox_id}/connect", json={}, headers=A)
+    assert resumed.status_code == 201
+    assert (await plane.client.post(f"/v2/sandboxes/{sandbox_id}/connect", headers=A)).status_code == 200
+    refused(await plane.client.post("/v2/sandboxes/missing/connect", json={}, headers=A), 404)
