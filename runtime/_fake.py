@@ -39,6 +39,7 @@ class FakeBackend:
         self.templates: dict[str, dict[str, bytes]] = templates if templates is not None else {"base": {}}
         self._sandboxes: dict[str, _Sandbox] = {}
         self._snapshot_ids = itertools.count(1)
+        self._taken_from: dict[str, str] = {}  # snapshot → the template of the sandbox it was taken of
 
     def _get(self, sandbox_id: str) -> _Sandbox:
         found = self._sandboxes.get(sandbox_id)
@@ -109,14 +110,19 @@ class FakeBackend:
         next_state(sandbox.state, Action.SNAPSHOT)
         snapshot_id = f"snap-fake-{next(self._snapshot_ids)}"
         self.templates[snapshot_id] = dict(sandbox.files)
+        self._taken_from[snapshot_id] = sandbox.spec.template
         return snapshot_id
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
         if not snapshot_id.startswith("snap-") or snapshot_id not in self.templates:
             return False
-        if any(sandbox.spec.template == snapshot_id for sandbox in self._sandboxes.values()):
+        # Like crun's layers: a snapshot is in use while a sandbox runs on it or a snapshot sits on it.
+        if any(sandbox.spec.template == snapshot_id for sandbox in self._sandboxes.values()) or any(
+            parent == snapshot_id for parent in self._taken_from.values()
+        ):
             raise TransitionError(f"snapshot {snapshot_id} is in use")
         del self.templates[snapshot_id]
+        del self._taken_from[snapshot_id]
         return True
 
     async def update_network(

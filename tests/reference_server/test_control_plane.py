@@ -9,8 +9,13 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any
 
+import anyio
+import anyio.from_thread
+import anyio.to_thread
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from runtime._backend import State
 
@@ -327,3 +332,64 @@ async def test_v2_create_and_connect_fill_in_what_newer_clients_omit(plane: Plan
     assert resumed.status_code == 201
     assert (await plane.client.post(f"/v2/sandboxes/{sandbox_id}/connect", headers=A)).status_code == 200
     refused(await plane.client.post("/v2/sandboxes/missing/connect", json={}, headers=A), 404)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=12,
+)
+FIELDS = st.sampled_from(
+    ["templateID", "timeout", "envVars", "metadata", "secure", "autoPause", "autoResume", "network", "volumeMounts"]
+)
+BODIES = st.dictionaries(FIELDS, JSON, max_size=6) | JSON
+PATHS = st.sampled_from(
+    [
+        ("POST", "/sandboxes"),
+        ("POST", "/v2/sandboxes"),
+        ("POST", "/sandboxes/{id}/connect"),
+        ("POST", "/v2/sandboxes/{id}/connect"),
+        ("POST", "/sandboxes/{id}/timeout"),
+        ("POST", "/sandboxes/{id}/refreshes"),
+        ("POST", "/sandboxes/{id}/pause"),
+        ("POST", "/sandboxes/{id}/resume"),
+        ("POST", "/sandboxes/{id}/snapshots"),
+        ("PUT", "/sandboxes/{id}/network"),
+    ]
+)
+QUERIES = st.dictionaries(
+    st.sampled_from(["limit", "state", "metadata", "nextToken", "start", "end", "x"]), st.text(max_size=12), max_size=3
+)
+
+
+async def test_hostile_input_is_never_a_500(plane: Plane) -> None:
+    """Random bodies on every write route and random queries on the reads: 2xx or 4xx, always the error shape."""
+    sandbox_id = (await plane.create())["sandboxID"]
+
+    async def check(response: httpx.Response) -> None:
+        assert response.status_code < 500, response.text
+        if response.status_code >= 400:
+            assert response.json()["code"] == response.status_code
+
+    async def post(route: tuple[str, str], body: object) -> None:
+        method, path = route
+        await check(await plane.client.request(method, path.format(id=sandbox_id), json=body, headers=A))
+
+    async def query(params: dict[str, str]) -> None:
+        for path in (
+            "/v2/sandboxes",
+            "/snapshots",
+            f"/sandboxes/{sandbox_id}/metrics",
+            f"/v2/sandboxes/{sandbox_id}/logs",
+        ):
+            await check(await plane.client.get(path, params=params, headers=A))
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(route=PATHS, body=BODIES, params=QUERIES)
+    def examples(route: tuple[str, str], body: object, params: dict[str, str]) -> None:
+        anyio.from_thread.run(post, route, body)
+        anyio.from_thread.run(query, params)
+
+    await anyio.to_thread.run_sync(examples)
+    for record in await plane.store.all():  # whatever was made is consistent with the runtime
+        assert (await plane.backend.inspect(record.sandbox_id)).state.value in ("running", "paused", "stopped")

@@ -47,6 +47,8 @@ def backend_machine(make_backend: Callable[[], Backend], template: str, max_step
             self.backend = make_backend()
             self.model: dict[str, State] = {}
             self.snapshots: list[str] = []
+            self.started_from: dict[str, str] = {}  # sandbox → the snapshot it was created from
+            self.taken_from: dict[str, str | None] = {}  # snapshot → the snapshot its source started from
 
         def run(self, coro: Coroutine[Any, Any, T]) -> T:
             return self.loop.run_until_complete(coro)
@@ -107,7 +109,9 @@ def backend_machine(make_backend: Callable[[], Backend], template: str, max_step
                 with pytest.raises(TransitionError):
                     self.run(self.backend.snapshot(sandbox_id))
                 return
-            self.snapshots.append(self.run(self.backend.snapshot(sandbox_id)))
+            snapshot_id = self.run(self.backend.snapshot(sandbox_id))
+            self.snapshots.append(snapshot_id)
+            self.taken_from[snapshot_id] = self.started_from.get(sandbox_id)
             assert self.run(self.backend.inspect(sandbox_id)).state is state, "a snapshot keeps the source as it was"
 
         @rule(target=sandboxes, data=st.data())
@@ -121,7 +125,29 @@ def backend_machine(make_backend: Callable[[], Backend], template: str, max_step
             sandbox_id = self._new_id()
             self.run(self.backend.create(SandboxSpec(sandbox_id, snapshot_id, limits=Limits(1, 256, 256))))
             self.model[sandbox_id] = State.CREATED
+            self.started_from[sandbox_id] = snapshot_id
             return sandbox_id
+
+        @rule(data=st.data())
+        def delete_snapshot(self, data: st.DataObject) -> None:
+            if not self.snapshots:
+                assert self.run(self.backend.delete_snapshot("snap-does-not-exist")) is False
+                return
+            snapshot_id = data.draw(st.sampled_from(self.snapshots))
+            # In use while a live sandbox runs on it or another snapshot was taken on top of it.
+            in_use = any(self.started_from.get(sandbox) == snapshot_id for sandbox in self.model) or any(
+                parent == snapshot_id for parent in self.taken_from.values()
+            )
+            if in_use:
+                with pytest.raises(TransitionError):
+                    self.run(self.backend.delete_snapshot(snapshot_id))
+                return
+            assert self.run(self.backend.delete_snapshot(snapshot_id)) is True
+            assert self.run(self.backend.delete_snapshot(snapshot_id)) is False, "a second delete finds nothing"
+            self.snapshots.remove(snapshot_id)
+            del self.taken_from[snapshot_id]
+            with pytest.raises(TemplateNotFoundError):
+                self.run(self.backend.create(SandboxSpec(self._new_id(), snapshot_id)))
 
         @rule(sandbox_id=consumes(sandboxes))
         def kill(self, sandbox_id: str) -> None:
@@ -129,6 +155,7 @@ def backend_machine(make_backend: Callable[[], Backend], template: str, max_step
             assert self.run(self.backend.kill(sandbox_id)) is existed
             assert self.run(self.backend.kill(sandbox_id)) is False, "kill is idempotent"
             self.model.pop(sandbox_id, None)
+            self.started_from.pop(sandbox_id, None)
             with pytest.raises(SandboxNotFoundError):
                 self.run(self.backend.inspect(sandbox_id))
 

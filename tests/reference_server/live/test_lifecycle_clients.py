@@ -102,6 +102,15 @@ def _other_owner(r: dict[str, Any]) -> None:
     assert r["still_running"] is True
 
 
+def _websocket(r: dict[str, Any]) -> None:
+    assert r == {
+        "received": ["hello", [1, 2, 3], "bye"],
+        "code": 4001,
+        "reason": "asked to",
+        "protocol": "echo.v1",
+    }
+
+
 CASES: list[tuple[str, tuple[str, ...], Check]] = [
     ("sandbox/create-env-metadata", ALL, _create),
     ("sandbox/get-host", ALL, _get_host),
@@ -113,6 +122,7 @@ CASES: list[tuple[str, tuple[str, ...], Check]] = [
     ("sandbox/metrics", ALL, _metrics),
     ("sandbox/kill-is-running", ALL, _kill),
     ("sandbox/other-owner", ALL, _other_owner),
+    ("sandbox/websocket", ("js",), _websocket),
 ]
 
 

@@ -72,6 +72,59 @@ const scenarios = {
     }
   },
 
+  // A WebSocket through the edge to a server inside the sandbox (the agent's own Python has the
+  // websockets package). undici is the official client's HTTP library; its WebSocket trusts
+  // NODE_EXTRA_CA_CERTS like every other Node TLS connection.
+  'sandbox/websocket': async () => {
+    const { WebSocket } = require('undici')
+    const sbx = await Sandbox.create({ timeoutMs: 120000 })
+    try {
+      const server = [
+        'import asyncio',
+        'from websockets.asyncio.server import serve',
+        'async def echo(ws):',
+        '    async for message in ws:',
+        '        await ws.send(message)',
+        '        if message == "bye":',
+        '            await ws.close(4001, "asked to")',
+        'async def main():',
+        '    async with serve(echo, "0.0.0.0", 8765, subprotocols=["echo.v1"]):',
+        '        await asyncio.Future()',
+        'asyncio.run(main())',
+      ].join('\n')
+      await sbx.files.write('/home/user/ws_echo.py', server)
+      await sbx.commands.run('/opt/e2b-compat/venv/bin/python /home/user/ws_echo.py', { background: true })
+      const url = `wss://${sbx.getHost(8765)}/echo`
+      const session = () =>
+        new Promise((resolve, reject) => {
+          const ws = new WebSocket(url, ['echo.v1'])
+          const received = []
+          ws.binaryType = 'arraybuffer'
+          ws.onerror = (event) => reject(new Error(String(event.message || 'websocket error')))
+          ws.onopen = () => {
+            ws.send('hello')
+            ws.send(new Uint8Array([1, 2, 3]))
+            ws.send('bye')
+          }
+          ws.onmessage = (event) =>
+            received.push(typeof event.data === 'string' ? event.data : Array.from(new Uint8Array(event.data)))
+          ws.onclose = (event) => resolve({ received, code: event.code, reason: event.reason, protocol: ws.protocol })
+        })
+      let result
+      await waitUntil(async () => {
+        try {
+          result = await session()
+          return true
+        } catch {
+          return false
+        }
+      })
+      return result ?? { received: [], code: null }
+    } finally {
+      await sbx.kill()
+    }
+  },
+
   'sandbox/list-filter-paginate': async () => {
     const suite = crypto.randomUUID().replace(/-/g, '').slice(0, 12)
     const made = []
