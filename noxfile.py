@@ -84,3 +84,18 @@ def bench(session: nox.Session) -> None:
         session.run("e2b-compat", "host", "prepare")
         session.run("python", "-m", "benchmarks.crun", *session.posargs)
         session.run("python", "-m", "benchmarks.server")
+
+
+@nox.session(python=PYTHON)
+def conformance(session: nox.Session) -> None:
+    """Run the conformance harness and write a signed report under reports/; fails when the gate fails.
+
+    With no arguments it starts the reference server on its embedded defaults (root: crun
+    sandboxes) and tests it with the pinned clients. Everything after ``--`` goes to
+    ``e2b-compat conformance run`` (``--help`` lists the options: another endpoint, other client
+    versions for an SDK sweep, a case filter).
+    """
+    session.install("-e", ".[conformance]")
+    if os.geteuid() == 0 and not any(arg.startswith("--endpoint") for arg in session.posargs):
+        session.run("e2b-compat", "host", "prepare")
+    session.run("e2b-compat", "conformance", "run", *session.posargs)

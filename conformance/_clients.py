@@ -1,13 +1,16 @@
-"""Install the pinned official E2B clients, unchanged, into isolated cached environments.
+"""Install the official E2B clients, unchanged, into isolated cached environments.
 
 The conformance harness runs scripts with the real clients, never with our own code, so
-each language gets an environment holding exactly the pinned packages (``clients/``):
+each language gets an environment holding exactly the locked packages (``clients/``):
 
-- Python: a virtualenv installed from ``python-2.32.0.requirements.txt`` with
+- Python: a virtualenv installed from ``python-<e2b version>.requirements.txt`` with
   ``pip install --require-hashes --no-deps --only-binary=:all:``, so every file comes
   from a wheel whose sha256 is committed and nothing is resolved or built on the spot;
-- Node: ``node-2.33.0/`` installed with ``npm ci --ignore-scripts``, so every tarball
+- Node: ``node-<e2b version>/`` installed with ``npm ci --ignore-scripts``, so every tarball
   is checked against its committed integrity and no package code runs while installing.
+
+The pin (``python-2.32.0``, ``node-2.33.0``) is what ``version=None`` means; the other
+committed lock files are the points of an SDK-version sweep, installed the same way.
 
 Cache layout (each folder is keyed by the bytes it was built from, so a change of pin
 builds a new one and checkouts can share them)::
@@ -42,6 +45,8 @@ __all__ = [
     "ClientEnvironmentError",
     "NodeClients",
     "PythonClients",
+    "available_node_versions",
+    "available_python_versions",
     "ensure_node_clients",
     "ensure_python_clients",
     "verify_node_clients",
@@ -53,13 +58,16 @@ PYTHON_REQUIREMENTS = CLIENTS_DIR / "python-2.32.0.requirements.txt"
 NODE_PROJECT = CLIENTS_DIR / "node-2.33.0"
 NODE_MANIFESTS = ("package.json", "package-lock.json")
 
-# The official packages whose installed files ``verify_*`` checks; their dependencies are
-# only as trustworthy as the hashes that installed them.
+# The official packages whose installed files ``verify_*`` checks (those of them that a lock
+# file holds); their dependencies are only as trustworthy as the hashes that installed them.
 PYTHON_CLIENTS = ("e2b", "e2b-code-interpreter")
 NODE_CLIENTS = ("e2b", "@e2b/code-interpreter")
 
 _TAIL_LINES = 20
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
+# A version as it appears in a lock file's name; digits first, so no name reaches outside CLIENTS_DIR.
+_PYTHON_LOCK = re.compile(r"python-(\d[0-9A-Za-z.+-]*)\.requirements\.txt")
+_NODE_LOCK = re.compile(r"node-(\d[0-9A-Za-z.+-]*)")
 
 
 class ClientEnvironmentError(Exception):
@@ -68,17 +76,19 @@ class ClientEnvironmentError(Exception):
 
 @dataclass(frozen=True)
 class PythonClients:
-    """A virtualenv holding the pinned official Python clients and nothing else."""
+    """A virtualenv holding one lock file's official Python clients and nothing else."""
 
     python: Path
     site_packages: Path
+    version: str  # of the ``e2b`` package; names the lock file it was built from
 
 
 @dataclass(frozen=True)
 class NodeClients:
-    """A folder whose ``node_modules`` holds the pinned official JS clients; run node with it as cwd."""
+    """A folder whose ``node_modules`` holds one lock's official JS clients; run node with it as cwd."""
 
     root: Path
+    version: str  # of the ``e2b`` package; names the lock folder it was built from
 
 
 def _run(cmd: list[str], cwd: Path, what: str) -> None:
@@ -126,16 +136,70 @@ def _key(*parts: bytes) -> str:
     return hashlib.sha256(b"".join(parts)).hexdigest()[:16]
 
 
-def _python_env(root: Path) -> PythonClients:
+def _version_order(version: str) -> tuple[tuple[int, int | str], ...]:
+    # Numeric where numeric, so 2.9.0 sorts before 2.10.0.
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"[.+-]", version))
+
+
+def available_python_versions() -> list[str]:
+    """The ``e2b`` versions that have a committed Python lock file, oldest first."""
+    found = [m[1] for m in (_PYTHON_LOCK.fullmatch(p.name) for p in CLIENTS_DIR.iterdir() if p.is_file()) if m]
+    return sorted(found, key=_version_order)
+
+
+def available_node_versions() -> list[str]:
+    """The ``e2b`` versions that have a committed JS lock folder, oldest first."""
+    found = [
+        m[1]
+        for m in (_NODE_LOCK.fullmatch(p.name) for p in CLIENTS_DIR.iterdir())
+        if m and all((CLIENTS_DIR / m[0] / name).is_file() for name in NODE_MANIFESTS)
+    ]
+    return sorted(found, key=_version_order)
+
+
+def _python_lock(version: str | None) -> Path:
+    if version is None:
+        return PYTHON_REQUIREMENTS
+    # Only a committed file: the version is never spliced into a path unchecked.
+    if version not in available_python_versions():
+        committed = ", ".join(available_python_versions())
+        raise ClientEnvironmentError(f"no Python lock file for e2b {version} (committed: {committed})")
+    return CLIENTS_DIR / f"python-{version}.requirements.txt"
+
+
+def _node_lock(version: str | None) -> Path:
+    if version is None:
+        return NODE_PROJECT
+    if version not in available_node_versions():
+        committed = ", ".join(available_node_versions())
+        raise ClientEnvironmentError(f"no JS lock folder for e2b {version} (committed: {committed})")
+    return CLIENTS_DIR / f"node-{version}"
+
+
+def _e2b_pin(pinned: dict[str, str], where: Path, asked: str | None) -> str:
+    found = pinned.get("e2b")
+    if found is None:
+        raise ClientEnvironmentError(f"{where} pins no e2b version")
+    # A renamed or hand-edited lock must not pass for the version a sweep asked for.
+    if asked is not None and found != asked:
+        raise ClientEnvironmentError(f"{where} pins e2b {found}, not {asked}")
+    return found
+
+
+def _python_env(root: Path, version: str) -> PythonClients:
     # The POSIX venv layout; the interpreter is addressed through the venv so that
     # pyvenv.cfg makes it see this site-packages and no other.
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    return PythonClients(python=root / "bin" / "python", site_packages=root / "lib" / version / "site-packages")
+    lib = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return PythonClients(
+        python=root / "bin" / "python", site_packages=root / "lib" / lib / "site-packages", version=version
+    )
 
 
-def ensure_python_clients(cache_root: Path | None = None) -> PythonClients:
-    """The virtualenv of the pinned Python clients for this interpreter, built on first use."""
-    requirements = PYTHON_REQUIREMENTS.read_bytes()
+def ensure_python_clients(version: str | None = None, cache_root: Path | None = None) -> PythonClients:
+    """The virtualenv of the Python clients locked for e2b ``version`` (None: the pin), built on first use."""
+    lock = _python_lock(version)
+    requirements = lock.read_bytes()
+    e2b_version = _e2b_pin(_pins(requirements.decode("utf-8")), lock, version)
     # A venv is tied to its interpreter's major.minor, so that is part of the key.
     key = f"{_key(requirements)}-py{sys.version_info.major}.{sys.version_info.minor}"
     final = (cache_root if cache_root is not None else default_cache_root()) / "clients" / "python" / key
@@ -147,7 +211,7 @@ def ensure_python_clients(cache_root: Path | None = None) -> PythonClients:
         # The build folder is renamed afterwards, so the absolute paths pip writes into bin/
         # scripts go stale: the environment is only ever used through its interpreter.
         install = [
-            str(_python_env(tmp).python),
+            str(_python_env(tmp, e2b_version).python),
             "-m",
             "pip",
             "install",
@@ -160,14 +224,17 @@ def ensure_python_clients(cache_root: Path | None = None) -> PythonClients:
             "-r",
             str(tmp / "requirements.txt"),
         ]
-        _run(install, tmp, "installing the pinned Python clients")
+        _run(install, tmp, f"installing the Python clients of e2b {e2b_version}")
 
-    return _python_env(_materialize(final, build))
+    return _python_env(_materialize(final, build), e2b_version)
 
 
-def ensure_node_clients(cache_root: Path | None = None) -> NodeClients:
-    """The ``node_modules`` of the pinned JS clients, built on first use."""
-    manifests = {name: (NODE_PROJECT / name).read_bytes() for name in NODE_MANIFESTS}
+def ensure_node_clients(version: str | None = None, cache_root: Path | None = None) -> NodeClients:
+    """The ``node_modules`` of the JS clients locked for e2b ``version`` (None: the pin), built on first use."""
+    project = _node_lock(version)
+    manifests = {name: (project / name).read_bytes() for name in NODE_MANIFESTS}
+    dependencies = json.loads(manifests["package.json"])["dependencies"]
+    e2b_version = _e2b_pin(dependencies, project / "package.json", version)
     final = (cache_root if cache_root is not None else default_cache_root()) / "clients" / "node"
     final /= _key(*manifests.values())
 
@@ -176,9 +243,9 @@ def ensure_node_clients(cache_root: Path | None = None) -> NodeClients:
         for name, data in manifests.items():
             (tmp / name).write_bytes(data)
         cmd = [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--no-update-notifier"]
-        _run(cmd, tmp, "installing the pinned JS clients")
+        _run(cmd, tmp, f"installing the JS clients of e2b {e2b_version}")
 
-    return NodeClients(root=_materialize(final, build))
+    return NodeClients(root=_materialize(final, build), version=e2b_version)
 
 
 def _pins(requirements: str) -> dict[str, str]:
@@ -193,9 +260,9 @@ def _record_digest(data: bytes) -> str:
 
 def verify_python_clients(env: PythonClients) -> list[str]:
     """Paths (relative to site-packages) of the clients' installed files that differ or are missing."""
-    pins = _pins(PYTHON_REQUIREMENTS.read_text(encoding="utf-8"))
+    pins = _pins(_python_lock(env.version).read_text(encoding="utf-8"))
     problems: list[str] = []
-    for name in PYTHON_CLIENTS:
+    for name in (name for name in PYTHON_CLIENTS if name in pins):
         record = f"{name.replace('-', '_')}-{pins[name]}.dist-info/RECORD"
         try:
             rows = list(csv.reader(io.StringIO((env.site_packages / record).read_text(encoding="utf-8"))))
@@ -246,11 +313,12 @@ def verify_node_clients(env: NodeClients) -> list[str]:
     Each client's registry tarball is fetched again with ``npm pack`` and must match the
     committed integrity before its files are compared with the installed ones.
     """
-    lock = json.loads((NODE_PROJECT / "package-lock.json").read_text(encoding="utf-8"))
+    lock = json.loads((_node_lock(env.version) / "package-lock.json").read_text(encoding="utf-8"))
+    clients = [name for name in NODE_CLIENTS if f"node_modules/{name}" in lock["packages"]]
     npm = _npm()
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="e2b-compat-npm-pack-") as tmp:
-        for index, name in enumerate(NODE_CLIENTS):
+        for index, name in enumerate(clients):
             entry = lock["packages"][f"node_modules/{name}"]
             spec = f"{name}@{entry['version']}"
             dest = Path(tmp) / str(index)  # one folder each: the single .tgz in it is the one

@@ -6,6 +6,7 @@ Each group registers its own subcommands; a group appears here only once it work
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
@@ -213,6 +214,112 @@ def _when(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%SZ")
 
 
+def _conformance_verify(args: argparse.Namespace) -> int:
+    from conformance._signing import verify  # noqa: PLC0415 - only this command needs cryptography
+
+    result = verify(args.report, trusted_fingerprint=args.fingerprint)
+    if not result.valid:
+        print(f"e2b-compat: {result.report_path}: signature NOT valid: {result.problem}", file=sys.stderr)
+        return 1
+    print(result.fingerprint)  # stdout holds the fingerprint alone, for $(e2b-compat conformance verify ...)
+    if result.trusted:
+        print(f"{result.report_path}: valid signature by the trusted key", file=sys.stderr)
+    else:
+        # Anyone can sign a report with a key of their own: only a published fingerprint says whose it is.
+        print(
+            f"{result.report_path}: valid signature, but the key was not checked against a trusted "
+            "fingerprint (pass --fingerprint HEX)",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _conformance_run(args: argparse.Namespace) -> int:
+    from conformance._run import RunOptions, endpoint_from_environment, main_run  # noqa: PLC0415
+
+    endpoint_env = None
+    if args.endpoint_domain is not None:
+        if args.endpoint_api_key is None:
+            print("e2b-compat: --endpoint-domain needs --endpoint-api-key (or E2B_API_KEY)", file=sys.stderr)
+            return 2
+        endpoint_env = {"E2B_API_KEY": args.endpoint_api_key, "E2B_DOMAIN": args.endpoint_domain}
+        if args.endpoint_ca is not None:
+            endpoint_env |= {"SSL_CERT_FILE": str(args.endpoint_ca), "NODE_EXTRA_CA_CERTS": str(args.endpoint_ca)}
+    elif args.endpoint_from_env:
+        endpoint_env = endpoint_from_environment()
+        if endpoint_env is None:
+            print("e2b-compat: --endpoint-from-env needs E2B_API_KEY and E2B_DOMAIN", file=sys.stderr)
+            return 2
+    options = RunOptions(
+        endpoint_env=endpoint_env,
+        second_api_key=args.second_api_key,
+        python_versions=tuple(args.python_version or ()),
+        node_versions=tuple(args.node_version or ()),
+        match=args.match,
+        output=args.output,
+        reports_root=args.reports,
+        features=args.features,
+        signing_key=args.signing_key,
+        server_name=args.server_name,
+        backend=args.backend,
+    )
+    return main_run(options)
+
+
+def _add_conformance_group(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``e2b-compat conformance ACTION``: each action is one subparser here with its own ``func``."""
+    conformance = groups.add_parser("conformance", help="compatibility reports of E2B-style endpoints")
+    actions = conformance.add_subparsers(dest="action", required=True, metavar="ACTION")
+    verify = actions.add_parser(
+        "verify",
+        help="check a report's Ed25519 signature (exit 0 and print the key fingerprint, else 1)",
+        description="Check report.json against report.json.sig and report.json.pub beside it (docs/REPORT.md).",
+    )
+    verify.add_argument("report", type=Path, metavar="REPORT_DIR_OR_JSON", help="a report folder or its report.json")
+    verify.add_argument(
+        "--fingerprint",
+        metavar="HEX",
+        default=None,
+        help="require the signing key to be this one (sha256 of the raw public key, as the signer published it)",
+    )
+    verify.set_defaults(func=_conformance_verify)
+
+    run = actions.add_parser(
+        "run",
+        help="run every suite against an endpoint and write a signed report; exit 1 when the gate fails",
+        description="Without endpoint options it starts the reference server on its embedded defaults (root). "
+        "Reports go to reports/<time>-<backend>-<template>/ (docs/REPORT.md).",
+    )
+    endpoint = run.add_argument_group("another endpoint (any E2B-compatible service)")
+    endpoint.add_argument("--endpoint-domain", default=None, metavar="DOMAIN[:PORT]", help="its E2B_DOMAIN")
+    endpoint.add_argument(
+        "--endpoint-api-key", default=os.environ.get("E2B_API_KEY"), metavar="KEY", help="its E2B_API_KEY"
+    )
+    endpoint.add_argument("--endpoint-ca", type=Path, default=None, help="a CA file to trust for it")
+    endpoint.add_argument(
+        "--endpoint-from-env",
+        action="store_true",
+        help="take E2B_API_KEY, E2B_DOMAIN, SSL_CERT_FILE from the environment",
+    )
+    endpoint.add_argument("--second-api-key", default=None, help="another owner's key (owner isolation cases)")
+    endpoint.add_argument("--server-name", default="external", help="how the report names the endpoint")
+    endpoint.add_argument("--backend", default="unknown", help="its isolation backend, for the report")
+    endpoint.add_argument("--features", type=Path, default=None, help="its declared unsupported features (JSON)")
+    sweep = run.add_argument_group("SDK-version sweep")
+    sweep.add_argument("--python-version", action="append", metavar="VERSION", help="a Python e2b version (repeatable)")
+    sweep.add_argument("--node-version", action="append", metavar="VERSION", help="an npm e2b version (repeatable)")
+    run.add_argument("--match", default="", help="only cases whose name contains this")
+    run.add_argument("--output", type=Path, default=None, help="the report folder (default: a new one under --reports)")
+    run.add_argument("--reports", type=Path, default=Path("reports"), help="where report folders are made")
+    run.add_argument(
+        "--signing-key",
+        type=Path,
+        default=None,
+        help="Ed25519 key (default: $E2B_COMPAT_SIGNING_KEY or ~/.config/e2b-compat)",
+    )
+    run.set_defaults(func=_conformance_run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="e2b-compat", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -293,6 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--owner", default=None, help="only this owner's keys")
     listing.add_argument("--data-dir", type=Path, default=None, help=data_dir_help)
     listing.set_defaults(func=_keys_list)
+
+    _add_conformance_group(groups)
     return parser
 
 

@@ -23,7 +23,7 @@ import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from runtime._backend import (
     Backend,
@@ -40,7 +40,7 @@ from ._credentials import SealedToken, TokenScope, TokenVault, new_sandbox_token
 from ._errors import ApiError
 from ._metrics import MetricsBook
 from ._snapshots import SnapshotRecord, SnapshotStore
-from ._store import GenerationConflict, NotFound, SandboxRecord, Store, StoreError
+from ._store import Changes, GenerationConflict, NotFound, SandboxRecord, Store, StoreError
 
 __all__ = [
     "AgentInitializer",
@@ -544,7 +544,8 @@ class SandboxService:
     # -- helpers -------------------------------------------------------------------------
 
     async def _swap(self, record: SandboxRecord, **changes: Any) -> SandboxRecord:
-        return await self._guard(self.store.compare_and_swap(record.sandbox_id, record.generation, changes))  # type: ignore[arg-type]
+        typed = cast(Changes, changes)  # the store rejects any key Changes does not name
+        return await self._guard(self.store.compare_and_swap(record.sandbox_id, record.generation, typed))
 
     @staticmethod
     async def _guard(operation: Any) -> SandboxRecord:

@@ -134,7 +134,9 @@ async def open_server(
     database.touch(mode=0o600, exist_ok=True)  # it holds key hashes; SQLite gives -wal/-shm the same mode
     database.chmod(0o600)
     store = await Store.open(database)
-    initializer = HttpAgentInitializer() if initialize is None else None
+    own_initializer: HttpAgentInitializer | None = None
+    if initialize is None:
+        own_initializer = initialize = HttpAgentInitializer()
     proxy = SandboxProxy()
     try:
         keys = KeyStore(store.db)
@@ -155,7 +157,7 @@ async def open_server(
             backend=backend,
             vault=vault,
             settings=settings,
-            initialize=initialize or initializer or HttpAgentInitializer(),
+            initialize=initialize,
             metrics=MetricsBook(backend),
         )
         reconciliation = await reconcile(service)
@@ -169,8 +171,8 @@ async def open_server(
         yield RunningServer(config, store, keys, service, edge, proxy, certificates, api_key, reconciliation)
     finally:
         await proxy.aclose()
-        if initializer is not None:
-            await initializer.aclose()
+        if own_initializer is not None:
+            await own_initializer.aclose()
         await store.close()
 
 

@@ -24,12 +24,13 @@ import httpx
 import pytest
 
 from conformance._clients import ensure_python_clients
+from conformance._scenarios import parse as _parse
 from runtime import _host
 from runtime._backend import Limits, SandboxSpec
 from runtime._crun import CrunBackend
 from runtime.templates import ensure_template
 
-from .agent.conftest import SCENARIOS, _client_env, _parse
+from .agent.conftest import SCENARIOS, _client_env
 
 pytestmark = [
     pytest.mark.artifacts,

@@ -9,157 +9,24 @@ data directory; at the end every sandbox it made is gone and nothing is left mou
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
-import shlex
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from conformance._clients import NodeClients, PythonClients, ensure_node_clients, ensure_python_clients
-from reference_server._server import READY_LINE
-from tests.runtime.agent.conftest import ScenarioRunner
+from conformance._endpoint import EndpointError, ManagedServer
+from conformance._scenarios import SCENARIOS as ALL_SCENARIOS
+from conformance._scenarios import ScenarioRunner
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the server's crun sandboxes need root")
 
-REPO = Path(__file__).resolve().parents[3]
-SCENARIOS = Path(__file__).parent / "scenarios"
-CLIENT_VARIABLES = ("E2B_API_KEY", "E2B_DOMAIN", "SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS")
-START_TIMEOUT_S = 900  # a cold start builds the base template (debootstrap) first
-
-
-def free_port() -> int:
-    """A port free on both loopback addresses (the server listens on 127.0.0.1 and ::1)."""
-    while True:
-        with socket.socket() as four:
-            four.bind(("127.0.0.1", 0))
-            port: int = four.getsockname()[1]
-            with socket.socket(socket.AF_INET6) as six:
-                try:
-                    six.bind(("::1", port))
-                except OSError:
-                    continue
-            return port
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    found: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        words = shlex.split(line, comments=True)
-        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
-            name, _, value = words[1].partition("=")
-            found[name] = value
-    return found
-
-
-class LiveServer:
-    """One data directory, and the server process currently serving it (start, kill, restart)."""
-
-    def __init__(self, data_dir: Path, log: Path) -> None:
-        self.data_dir = data_dir
-        self.log = log
-        self.port = free_port()
-        self.process: subprocess.Popen[str] | None = None
-        self.client_env: dict[str, str] = {}
-        self.starts = 0
-
-    @property
-    def domain(self) -> str:
-        return f"e2b.localhost:{self.port}"
-
-    def server_env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("E2B_", "PYTHON"))}
-        env.update(
-            E2B_COMPAT_SERVER_DATA_DIR=str(self.data_dir),
-            E2B_COMPAT_SERVER_PORT=str(self.port),
-            E2B_COMPAT_SERVER_REAPER_INTERVAL_SECONDS="0.5",
-            E2B_COMPAT_SERVER_METRICS_INTERVAL_SECONDS="1",
-        )
-        return env
-
-    def start(self) -> None:
-        assert self.process is None or self.process.poll() is not None
-        self.starts += 1
-        process = subprocess.Popen(
-            [sys.executable, "-m", "e2b_compat", "serve"],
-            cwd=REPO,
-            env=self.server_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,  # its own group: stopping it never reaches anything else
-        )
-        self.process = process
-        ready = threading.Event()
-
-        def pump() -> None:
-            assert process.stdout is not None
-            with process.stdout, self.log.open("a") as out:
-                out.write(f"--- start {self.starts} (pid {process.pid}) ---\n")
-                for line in process.stdout:
-                    out.write(line)
-                    out.flush()
-                    if line.strip() == READY_LINE:
-                        ready.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not ready.wait(0.1):
-            if process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                pytest.fail(f"the server did not start:\n{self.log.read_text()[-5000:]}")
-        self.client_env = read_env_file(self.data_dir / "client.env")
-        assert set(self.client_env) == set(CLIENT_VARIABLES), self.client_env
-
-    def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        os.killpg(process.pid, sig)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-    def clients_env(self, **extra: str) -> dict[str, str]:
-        """The environment the official clients run in: the host's, minus E2B_*, plus the four variables."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("E2B_", "PYTHON", "NODE_"))}
-        return {**env, **self.client_env, **extra}
-
-    def issue_key(self, owner: str) -> str:
-        result = subprocess.run(
-            [sys.executable, "-m", "e2b_compat", "keys", "issue", "--owner", owner, "--data-dir", str(self.data_dir)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return result.stdout.strip()
-
-
-def release_everything(data_dir: Path) -> None:
-    """After the server is stopped: kill every sandbox its runtime still has (nothing may leak)."""
-    from runtime._crun import CrunBackend
-
-    backend = CrunBackend(data_dir / "runtime")
-
-    async def kill_all() -> None:
-        for info in await backend.list():
-            await backend.kill(info.sandbox_id)
-
-    asyncio.run(kill_all())
+SCENARIOS = ALL_SCENARIOS / "sandbox"
+LiveServer = ManagedServer
 
 
 @pytest.fixture(scope="package")
@@ -167,13 +34,23 @@ def live_server() -> Iterator[LiveServer]:
     # Not under pytest's private temp root: idmapped sandbox users must traverse to their layers.
     data_dir = Path(tempfile.mkdtemp(prefix="e2b-compat-server-", dir="/var/tmp"))
     data_dir.chmod(0o755)
-    server = LiveServer(data_dir, data_dir.with_suffix(".log"))
-    server.start()
+    server = ManagedServer(
+        data_dir,
+        data_dir.with_suffix(".log"),
+        extra_env={
+            "E2B_COMPAT_SERVER_REAPER_INTERVAL_SECONDS": "0.5",
+            "E2B_COMPAT_SERVER_METRICS_INTERVAL_SECONDS": "1",
+        },
+    )
+    try:
+        server.start()
+    except EndpointError as exc:
+        pytest.fail(str(exc))
     try:
         yield server
     finally:
         server.stop()
-        release_everything(data_dir)
+        server.release_everything()
         leftovers = [line for line in Path("/proc/mounts").read_text().splitlines() if str(data_dir) in line]
         assert not leftovers, f"mounts left behind: {leftovers}"
         with contextlib.suppress(OSError):

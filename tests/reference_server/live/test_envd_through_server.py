@@ -10,23 +10,26 @@ from __future__ import annotations
 
 import pytest
 
-from tests.runtime.agent.conftest import ScenarioRunner
-from tests.runtime.agent.test_official_clients import CASES, Check
+from conformance._cases import Case, cases
+from conformance._scenarios import ScenarioRunner
 
 pytestmark = [pytest.mark.artifacts]
 
 # Cases whose checks describe the bare agent's host rather than a sandbox.
-HOST_ONLY = {"commands/user-and-env"}
+HOST_ONLY = {"envd/commands/user-and-env"}
 
 
 @pytest.mark.parametrize(
-    ("flavour", "name", "check"),
-    [pytest.param(f, n, c, id=f"{f}:{n}") for n, flavours, c in CASES if n not in HOST_ONLY for f in flavours],
+    ("flavour", "case"),
+    [
+        pytest.param(f, case, id=f"{f}:{case.name}")
+        for case in cases("envd")
+        if case.name not in HOST_ONLY
+        for f in case.flavours
+    ],
 )
-def test_envd_scenario_through_the_server(
-    server_scenario: ScenarioRunner, flavour: str, name: str, check: Check
-) -> None:
-    check(server_scenario(flavour, name), server_scenario.work(flavour, name))
+def test_envd_scenario_through_the_server(server_scenario: ScenarioRunner, flavour: str, case: Case) -> None:
+    case.check(server_scenario(flavour, case.scenario), server_scenario.work(flavour, case.scenario))
 
 
 def test_a_large_file_streams_through_the_edge(server_scenario: ScenarioRunner) -> None:

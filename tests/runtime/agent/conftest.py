@@ -9,26 +9,28 @@ the pinned clients' own environments (see ``conformance._clients``), never in th
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from conformance._clients import NodeClients, PythonClients, ensure_node_clients, ensure_python_clients
+from conformance._scenarios import SCENARIOS as ALL_SCENARIOS
+from conformance._scenarios import ScenarioRunner
+
+ENVD_SCENARIOS = ALL_SCENARIOS / "envd"
 
 PORT = 49983
 BASE = f"http://127.0.0.1:{PORT}"
-SCENARIOS = Path(__file__).parent / "scenarios"
+SCENARIOS = ENVD_SCENARIOS
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -128,55 +130,6 @@ def _client_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("E2B_", "PYTHON", "NODE_"))}
     env["E2B_DEBUG"] = "true"
     return env
-
-
-def _parse(proc: subprocess.CompletedProcess[str], what: str) -> dict[str, Any]:
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise AssertionError(f"{what} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(lines[-1])
-    return result
-
-
-class ScenarioRunner:
-    """Runs one named scenario with one client flavour and returns its JSON result.
-
-    ``env`` configures the clients (debug mode here; the reference server's tests pass the
-    server's client environment), ``workdir`` names the scenario's working folder as the
-    sandbox sees it, and ``scripts`` is the folder of ``py_sync.py``, ``py_async.py`` and ``js.cjs``.
-    """
-
-    def __init__(
-        self,
-        python: PythonClients,
-        node: NodeClients,
-        *,
-        env: dict[str, str],
-        workdir: Callable[[str], str],
-        scripts: Path = SCENARIOS,
-    ) -> None:
-        self.python = python
-        self.node = node
-        self.env = env
-        self.workdir = workdir
-        self.scripts = scripts
-
-    def work(self, flavour: str, name: str) -> str:
-        return self.workdir(f"{flavour}-{name.replace('/', '-')}")
-
-    def __call__(self, flavour: str, name: str, timeout: float = 180, *args: str) -> dict[str, Any]:
-        workdir = self.work(flavour, name)
-        if flavour in ("py-sync", "py-async"):
-            script = self.scripts / ("py_sync.py" if flavour == "py-sync" else "py_async.py")
-            cmd = [str(self.python.python), "-I", str(script), name, workdir, *args]
-            env = dict(self.env)
-        elif flavour == "js":
-            cmd = ["node", str(self.scripts / "js.cjs"), name, workdir, *args]
-            env = {**self.env, "NODE_PATH": str(self.node.root / "node_modules")}
-        else:
-            raise ValueError(flavour)
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-        return _parse(proc, f"{flavour}:{name}")
 
 
 @pytest.fixture(scope="package")

@@ -38,6 +38,21 @@ async def _exit_code(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
     return {"raised": False}
 
 
+@scenario("commands/background-connect")
+async def _background(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
+    handle = await sbx.commands.run("sleep 0.5; echo done", background=True)
+    listed = [p.pid for p in await sbx.commands.list()]
+    again = await sbx.commands.connect(handle.pid)
+    result = await again.wait()
+    return {
+        "pid": handle.pid,
+        "listed": handle.pid in listed,
+        "stdout": result.stdout,
+        "exit_code": result.exit_code,
+        "listed_after": handle.pid in [p.pid for p in await sbx.commands.list()],
+    }
+
+
 @scenario("commands/stdin")
 async def _stdin(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
     handle = await sbx.commands.run("cat", background=True, stdin=True)

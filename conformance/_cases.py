@@ -1,0 +1,164 @@
+"""The conformance cases, as data: hierarchical name, scenario, client flavours, operations, check.
+
+A case runs one scenario (``scenarios/<family>/``) with each of its client flavours and passes
+when the scenario's JSON result satisfies the check. ``operations`` are the contract inventory
+ids the case exercises; coverage accounting in the report is computed from them, so a case that
+starts using another operation must say so here. Names are ``<family>/<area>/<what>``.
+
+Families:
+
+- ``envd``: the agent's surface (processes, files, PTY, watches) on one sandbox the script
+  creates; runs against a bare agent in the clients' debug mode or through any control plane.
+- ``sandbox``: the control plane's lifecycle (create, list, pause, connect, snapshots, metrics,
+  owners) with real sandboxes; needs a control plane.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import _checks as checks
+
+__all__ = ["CASES", "Case", "Check", "cases"]
+
+Check = Callable[[dict[str, Any], str], None]
+ALL = ("py-sync", "py-async", "js")
+
+# Every scenario creates its sandbox and kills it in ``finally``.
+LIFE = ("control.sandboxes.create", "control.sandboxes.kill")
+START = "envd.process.Start"
+UPLOAD, DOWNLOAD = "envd.http.files_upload", "envd.http.files_download"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    family: str
+    scenario: str  # the name the scenario scripts know it by
+    flavours: tuple[str, ...]
+    operations: tuple[str, ...]
+    check: Check
+
+
+def _envd(scenario: str, flavours: tuple[str, ...], operations: tuple[str, ...], check: Check) -> Case:
+    return Case(f"envd/{scenario}", "envd", scenario, flavours, (*LIFE, *operations), check)
+
+
+def _sandbox(scenario: str, flavours: tuple[str, ...], operations: tuple[str, ...], check: Check) -> Case:
+    area, _, what = scenario.partition("/")
+    return Case(f"{area}/lifecycle/{what}", "sandbox", scenario, flavours, (*LIFE, *operations), check)
+
+
+CASES: tuple[Case, ...] = (
+    _envd("commands/foreground", ALL, (START,), checks.envd_foreground),
+    _envd("commands/exit-code", ALL, (START,), checks.envd_exit_code),
+    _envd("commands/ordering", ("py-sync",), (START,), checks.envd_ordering),
+    _envd(
+        "commands/background-connect",
+        ALL,
+        (START, "envd.process.List", "envd.process.Connect"),
+        checks.envd_background,
+    ),
+    _envd(
+        "commands/stdin",
+        ALL,
+        (START, "envd.process.List", "envd.process.SendInput", "envd.process.CloseStdin"),
+        checks.envd_stdin,
+    ),
+    _envd("commands/kill", ALL, (START, "envd.process.SendSignal", "envd.process.List"), checks.envd_kill),
+    _envd("commands/timeout", ("py-sync",), (START,), checks.envd_timeout),
+    _envd("commands/user-and-env", ("py-sync",), (START,), checks.envd_user),
+    _envd("pty/session", ALL, (START, "envd.process.Update", "envd.process.SendInput"), checks.envd_pty),
+    _envd("files/text-bytes-stream", ALL, (UPLOAD, DOWNLOAD), checks.envd_text_bytes),
+    _envd("files/write-many", ("py-sync", "js"), (UPLOAD,), checks.envd_write_many),
+    _envd(
+        "files/list-stat-exists",
+        ALL,
+        (UPLOAD, "envd.filesystem.ListDir", "envd.filesystem.Stat"),
+        checks.envd_list,
+    ),
+    _envd(
+        "files/make-dir-rename-remove",
+        ALL,
+        (UPLOAD, DOWNLOAD, "envd.filesystem.MakeDir", "envd.filesystem.Move", "envd.filesystem.Remove"),
+        checks.envd_mkdir,
+    ),
+    _envd("files/metadata", ("py-sync",), (UPLOAD, "envd.filesystem.Stat"), checks.envd_metadata),
+    _envd(
+        "watch/polling",
+        ("py-sync",),
+        (
+            UPLOAD,
+            "envd.filesystem.CreateWatcher",
+            "envd.filesystem.GetWatcherEvents",
+            "envd.filesystem.RemoveWatcher",
+        ),
+        checks.envd_watch,
+    ),
+    _envd("watch/stream", ("py-async", "js"), (UPLOAD, "envd.filesystem.WatchDir"), checks.envd_watch),
+    _sandbox("sandbox/create-env-metadata", ALL, ("control.sandboxes.get", START), checks.sandbox_create),
+    _sandbox("sandbox/get-host", ALL, (UPLOAD, START), checks.sandbox_get_host),
+    _sandbox(
+        "sandbox/list-filter-paginate", ALL, ("control.sandboxes.list", "control.sandboxes.pause"), checks.sandbox_list
+    ),
+    _sandbox(
+        "sandbox/timeout",
+        ALL,
+        ("control.sandboxes.set_timeout", "control.sandboxes.get", "envd.http.health"),
+        checks.sandbox_timeout,
+    ),
+    _sandbox(
+        "sandbox/pause-memory-connect",
+        ALL,
+        (
+            "control.sandboxes.pause",
+            "control.sandboxes.list",
+            "control.sandboxes.get",
+            "control.sandboxes.connect",
+            START,
+            "envd.process.List",
+            DOWNLOAD,
+            "envd.http.health",
+        ),
+        checks.sandbox_pause_memory,
+    ),
+    _sandbox(
+        "sandbox/pause-filesystem-connect",
+        ALL,
+        ("control.sandboxes.pause", "control.sandboxes.connect", UPLOAD, DOWNLOAD, START, "envd.process.List"),
+        checks.sandbox_pause_filesystem,
+    ),
+    _sandbox(
+        "sandbox/snapshot-restore",
+        ALL,
+        (
+            "control.snapshots.create",
+            "control.snapshots.list",
+            "control.templates.delete",
+            UPLOAD,
+            DOWNLOAD,
+            "envd.http.health",
+        ),
+        checks.sandbox_snapshot,
+    ),
+    _sandbox("sandbox/metrics", ALL, ("control.sandboxes.metrics", START), checks.sandbox_metrics),
+    _sandbox(
+        "sandbox/kill-is-running",
+        ALL,
+        ("envd.http.health", "control.sandboxes.connect"),
+        checks.sandbox_kill,
+    ),
+    _sandbox(
+        "sandbox/other-owner",
+        ALL,
+        ("control.sandboxes.list", "control.sandboxes.connect", "envd.http.health"),
+        checks.sandbox_other_owner,
+    ),
+    _sandbox("sandbox/websocket", ("js",), (UPLOAD, START), checks.sandbox_websocket),
+)
+
+
+def cases(family: str | None = None) -> tuple[Case, ...]:
+    return tuple(case for case in CASES if family is None or case.family == family)

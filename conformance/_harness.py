@@ -1,0 +1,154 @@
+"""A conformance run: every case with every client flavour and version, against one endpoint.
+
+For each (client version, case, flavour) the runner starts the scenario script in that client's
+own environment with only the endpoint's variables, times it, collects its ``client:case:stage``
+traces and checks its result. A scenario that crashes, times out or whose check fails is a
+``fail`` whose detail is the check's message or the script's last output (the client's own
+exception names the request it was making). Known failures are applied afterwards by the
+report (they still run). A rich progress bar shows where the run is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ._cases import Case, cases
+from ._clients import NodeClients, PythonClients, ensure_node_clients, ensure_python_clients
+from ._endpoint import Endpoint
+from ._model import CaseResult, ClientInfo, Outcome, RunInfo, Target
+from ._scenarios import SCENARIOS, ScenarioError, ScenarioRunner
+
+__all__ = ["ClientSet", "RunPlan", "run_cases"]
+
+HARNESS_VERSION = "0.1.0"
+CASE_TIMEOUT_S = 600
+WORKDIR = "/home/user"  # every scenario works in the sandbox user's home
+MANIFEST = Path(__file__).resolve().parent.parent / "contract" / "manifest.json"
+
+
+@dataclass(frozen=True)
+class ClientSet:
+    """One Python and one Node client version, installed unchanged (``_clients``)."""
+
+    python: PythonClients | None
+    node: NodeClients | None
+    python_version: str
+    node_version: str
+
+    @classmethod
+    def ensure(cls, python_version: str | None, node_version: str | None) -> ClientSet:
+        python = (
+            ensure_python_clients() if python_version in (None, "pinned") else ensure_python_clients(python_version)
+        )
+        node = ensure_node_clients() if node_version in (None, "pinned") else ensure_node_clients(node_version)
+        return cls(python, node, python.version, node.version)
+
+    def info(self, flavour: str) -> ClientInfo:
+        return ClientInfo(flavour, "e2b", self.node_version if flavour == "js" else self.python_version)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    endpoint: Endpoint
+    client_sets: tuple[ClientSet, ...]
+    flavours: tuple[str, ...] = ("py-sync", "py-async", "js")
+    match: str = ""  # only cases whose name contains this
+    families: tuple[str, ...] = ("sandbox", "envd")
+
+
+def _selected(plan: RunPlan) -> list[tuple[ClientSet, Case, str]]:
+    return [
+        (clients, case, flavour)
+        for clients in plan.client_sets
+        for family in plan.families
+        for case in cases(family)
+        if plan.match in case.name
+        for flavour in case.flavours
+        if flavour in plan.flavours
+    ]
+
+
+def _run_one(plan: RunPlan, clients: ClientSet, case: Case, flavour: str) -> CaseResult:
+    info = clients.info(flavour)
+    if clients.python is None or clients.node is None:
+        return CaseResult(case.name, info, Outcome.SKIP, 0.0, case.operations, reason="client not installed")
+    extra = {}
+    if case.scenario == "sandbox/other-owner":
+        if plan.endpoint.second_api_key is None:
+            return CaseResult(
+                case.name, info, Outcome.SKIP, 0.0, case.operations, reason="no second owner's API key was given"
+            )
+        extra["SECOND_API_KEY"] = plan.endpoint.second_api_key
+    runner = ScenarioRunner(
+        clients.python,
+        clients.node,
+        env=plan.endpoint.clients_env(**extra),
+        workdir=lambda name: WORKDIR,
+        scripts=SCENARIOS / case.family,
+    )
+    start = time.monotonic()
+    try:
+        ran = runner.run(flavour, case.scenario, CASE_TIMEOUT_S)
+    except ScenarioError as exc:
+        return CaseResult(case.name, info, Outcome.FAIL, time.monotonic() - start, case.operations, detail=str(exc))
+    except subprocess.TimeoutExpired:
+        detail = f"{flavour}:{case.name} did not finish within {CASE_TIMEOUT_S} s"
+        return CaseResult(case.name, info, Outcome.FAIL, time.monotonic() - start, case.operations, detail=detail)
+    try:
+        case.check(ran.result, runner.work(flavour, case.scenario))
+    except AssertionError as exc:
+        detail = f"check failed: {exc}\nresult: {ran.result}"
+        return CaseResult(case.name, info, Outcome.FAIL, ran.duration_s, case.operations, detail, traces=ran.traces)
+    return CaseResult(case.name, info, Outcome.PASS, ran.duration_s, case.operations, traces=ran.traces)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def run_cases(plan: RunPlan, *, on_result: Callable[[CaseResult], None] | None = None) -> RunInfo:
+    started = _now()
+    selected = _selected(plan)
+    results: list[CaseResult] = []
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[current]}"),
+        transient=False,
+    ) as progress:
+        task = progress.add_task("conformance", total=len(selected), current="")
+        for clients, case, flavour in selected:
+            progress.update(task, current=f"{flavour} {clients.info(flavour).version} {case.name}")
+            result = _run_one(plan, clients, case, flavour)
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+            progress.advance(task)
+    endpoint = plan.endpoint
+    target = Target(endpoint.server, endpoint.domain, endpoint.template, endpoint.backend)
+    return RunInfo(
+        target=target,
+        contract_manifest_sha256=hashlib.sha256(MANIFEST.read_bytes()).hexdigest(),
+        started_at=started,
+        finished_at=_now(),
+        harness_version=HARNESS_VERSION,
+        results=tuple(results),
+    )
+
+
+def flavours_of(names: Sequence[str]) -> tuple[str, ...]:
+    known = ("py-sync", "py-async", "js")
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise ValueError(f"unknown client flavours {unknown} (known: {', '.join(known)})")
+    return tuple(names)

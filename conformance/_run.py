@@ -1,0 +1,221 @@
+"""``e2b-compat conformance run``: endpoint, clients, every suite, the report, the signature, the gate.
+
+Order of a run:
+
+1. The endpoint: our reference server started on its embedded defaults in a scratch data folder
+   (``ManagedServer``), or the one the options or the ``E2B_*`` environment describe.
+2. The clients: the pinned versions, plus any versions asked for (an SDK sweep); each set is an
+   isolated environment installed from hash-locked files and checked unmodified first.
+3. The suites: official-client scenarios (``_cases``) per client set; wire-level cases
+   (``_wire``); the features the target declares unsupported (``features.json``), each probed
+   for the upstream-equivalent answer.
+4. Known failures applied, coverage against the contract inventory, the gate, the report
+   (JSON, JUnit, Markdown) signed with Ed25519; a summary table; exit status 1 when the gate fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import ssl
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from contract import load_inventory
+
+from ._clients import verify_node_clients, verify_python_clients
+from ._endpoint import Endpoint, EndpointError, ExternalEndpoint, ManagedServer
+from ._gate import apply_known_failures, evaluate, load_known_failures, load_policy
+from ._harness import ClientSet, RunPlan, run_cases
+from ._model import CaseResult, Outcome, RunInfo
+from ._report import coverage, write_report
+from ._signing import load_or_create_signing_key
+from ._wire import run_wire_cases
+
+__all__ = ["RunOptions", "main_run"]
+
+FEATURES = Path(__file__).resolve().parent / "features.json"
+FLAVOURS = ("py-sync", "py-async", "js")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    endpoint_env: dict[str, str] | None  # the four variables of an external endpoint; None: start ours
+    second_api_key: str | None
+    python_versions: tuple[str, ...]
+    node_versions: tuple[str, ...]
+    match: str
+    output: Path | None
+    reports_root: Path
+    features: Path | None
+    signing_key: Path | None
+    server_name: str
+    backend: str
+
+
+def _probe(endpoint: Endpoint, feature: dict[str, Any]) -> tuple[bool, str]:
+    """Send the feature's probe request; whether the answer is the declared upstream-equivalent one."""
+    env = endpoint.clients_env()
+    context = ssl.create_default_context(cafile=env.get("SSL_CERT_FILE"))
+    probe = feature["probe"]
+    url = f"https://api.{env['E2B_DOMAIN']}{probe['path']}"
+    with httpx.Client(verify=context, timeout=60, trust_env=False) as http:
+        response = http.request(probe["method"], url, json=probe.get("body"), headers={"X-API-Key": env["E2B_API_KEY"]})
+    expected = feature["upstream"]
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    matches = response.status_code == expected["status"] and (
+        not isinstance(body, dict) or body.get("code") == expected["status"]
+    )
+    return matches, f"{probe['method']} {url} answered {response.status_code}: {response.text[:200]}"
+
+
+def unsupported_results(
+    endpoint: Endpoint, features: Path | None, client_sets: Sequence[ClientSet]
+) -> list[CaseResult]:
+    """One result per declared-unsupported feature and client: unsupported when the probe answers as declared."""
+    if features is None or not features.exists():
+        return []
+    declared = json.loads(features.read_text())["unsupported"]
+    results = []
+    for feature in declared:
+        matches, answered = _probe(endpoint, feature)
+        upstream = f"{feature['upstream']['status']}: {feature['upstream']['meaning']}"
+        for clients in client_sets:
+            for flavour in FLAVOURS:
+                info = clients.info(flavour)
+                name = f"unsupported/{feature['name']}"
+                operations = tuple(feature["operations"])
+                if matches:
+                    results.append(
+                        CaseResult(
+                            name,
+                            info,
+                            Outcome.UNSUPPORTED,
+                            0.0,
+                            operations,
+                            reason=feature["reason"],
+                            upstream=upstream,
+                        )
+                    )
+                else:
+                    detail = f"declared unsupported, but not with the upstream answer ({upstream}): {answered}"
+                    results.append(CaseResult(name, info, Outcome.FAIL, 0.0, operations, detail=detail))
+    return results
+
+
+def _client_sets(options: RunOptions, console: Console) -> list[ClientSet]:
+    sets = []
+    pythons = options.python_versions or ("pinned",)
+    nodes = options.node_versions or ("pinned",)
+    for index in range(max(len(pythons), len(nodes))):
+        python = pythons[min(index, len(pythons) - 1)]
+        node = nodes[min(index, len(nodes) - 1)]
+        console.print(f"clients: installing/checking Python e2b {python} and npm e2b {node}")
+        clients = ClientSet.ensure(python, node)
+        assert clients.python is not None
+        assert clients.node is not None
+        problems = verify_python_clients(clients.python) + verify_node_clients(clients.node)
+        if problems:
+            raise SystemExit("an official client differs from its registry artifact:\n" + "\n".join(problems))
+        sets.append(clients)
+    return sets
+
+
+def _summary(console: Console, run: RunInfo, gate_passed: bool, files: Any) -> None:
+    table = Table(title="conformance results")
+    table.add_column("client")
+    for outcome in Outcome:
+        table.add_column(outcome.value, justify="right")
+    clients = sorted({(r.client.flavour, r.client.version) for r in run.results})
+    for flavour, version in clients:
+        counts = [
+            sum(1 for r in run.results if (r.client.flavour, r.client.version) == (flavour, version) and r.outcome is o)
+            for o in Outcome
+        ]
+        table.add_row(f"{flavour} {version}", *(str(count) for count in counts))
+    console.print(table)
+    for result in run.results:
+        if result.outcome is Outcome.FAIL:
+            console.print(f"[red]FAIL[/red] {result.client.flavour} {result.client.version} {result.case}")
+            console.print("    " + result.detail.strip().splitlines()[0][:300] if result.detail else "")
+    console.print(f"report: {files.directory}")
+    console.print("[green]gate: passed[/green]" if gate_passed else "[red]gate: FAILED[/red]")
+
+
+def _start_ours(console: Console) -> tuple[ManagedServer, Path]:
+    # Not under a private temp root: idmapped sandbox users must traverse to their layers.
+    data_dir = Path(tempfile.mkdtemp(prefix="e2b-compat-conformance-", dir="/var/tmp"))
+    data_dir.chmod(0o755)
+    server = ManagedServer(data_dir, data_dir.with_suffix(".log"))
+    console.print(f"endpoint: starting the reference server (data {data_dir}, log {server.log})")
+    server.start()
+    server.second_api_key = server.issue_key("conformance-second-owner")
+    return server, data_dir
+
+
+def main_run(options: RunOptions) -> int:
+    console = Console(stderr=True)
+    client_sets = _client_sets(options, console)
+    managed: ManagedServer | None = None
+    endpoint: Endpoint
+    if options.endpoint_env is None:
+        try:
+            managed, data_dir = _start_ours(console)
+        except EndpointError as exc:
+            console.print(f"[red]endpoint: {exc}[/red]")
+            return 2
+        endpoint = managed
+    else:
+        endpoint = ExternalEndpoint(
+            options.endpoint_env, options.second_api_key, server=options.server_name, backend=options.backend
+        )
+    try:
+        plan = RunPlan(endpoint, tuple(client_sets), match=options.match)
+        run = run_cases(plan)
+        extra = run_wire_cases(endpoint.clients_env(), options.match)
+        features = options.features if options.features is not None else (FEATURES if managed else None)
+        extra += unsupported_results(endpoint, features, client_sets)
+        run = replace(run, results=(*run.results, *extra))
+    finally:
+        if managed is not None:
+            managed.stop()
+            managed.release_everything()
+            shutil.rmtree(data_dir, ignore_errors=True)
+    applied = apply_known_failures(run.results, load_known_failures())
+    run = replace(run, results=tuple(applied.results))
+    cov = coverage(run.results, load_inventory(), flavours=FLAVOURS)
+    gate = evaluate(cov, load_policy())
+    files = write_report(
+        options.output,
+        run,
+        cov,
+        gate,
+        stale_known_failures=applied.stale,
+        signing_key=load_or_create_signing_key(options.signing_key),
+        reports_root=options.reports_root,
+    )
+    _summary(console, run, gate.passed, files)
+    return 0 if gate.passed else 1
+
+
+def endpoint_from_environment(environ: dict[str, str] | None = None) -> dict[str, str] | None:
+    """The four client variables from the environment, if an endpoint is described there."""
+    environ = dict(os.environ if environ is None else environ)
+    if "E2B_API_KEY" not in environ or "E2B_DOMAIN" not in environ:
+        return None
+    return {
+        name: environ[name]
+        for name in ("E2B_API_KEY", "E2B_DOMAIN", "SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS")
+        if name in environ
+    }

@@ -1,0 +1,93 @@
+"""Running one scenario with one official client flavour, in that client's own environment.
+
+Scenario scripts (``scenarios/<family>/py_sync.py``, ``py_async.py``, ``js.cjs``) import only the
+official packages and the standard library, run a named scenario against whatever endpoint the
+environment variables describe, print ``client:case:stage`` traces on stderr and one JSON object
+on stdout. Python scripts run with ``-I`` in the client's virtualenv; the JS script runs with
+``NODE_PATH`` at the client's ``node_modules``: nothing of this project is importable from them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._clients import NodeClients, PythonClients
+
+__all__ = ["FLAVOURS", "SCENARIOS", "ScenarioError", "ScenarioRun", "ScenarioRunner"]
+
+SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+FLAVOURS = ("py-sync", "py-async", "js")
+_SCRIPTS = {"py-sync": "py_sync.py", "py-async": "py_async.py", "js": "js.cjs"}
+
+
+class ScenarioError(AssertionError):
+    """The scenario script failed: its exit status and the tail of its output."""
+
+
+@dataclass(frozen=True)
+class ScenarioRun:
+    result: dict[str, Any]
+    traces: tuple[str, ...]
+    duration_s: float
+
+
+def parse(proc: subprocess.CompletedProcess[str], what: str) -> dict[str, Any]:
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise ScenarioError(f"{what} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+class ScenarioRunner:
+    """Runs one named scenario with one client flavour and returns its JSON result.
+
+    ``env`` configures the clients (endpoint variables only), ``workdir`` names the scenario's
+    working folder as the sandbox sees it, and ``scripts`` is the folder of one scenario family.
+    """
+
+    def __init__(
+        self,
+        python: PythonClients,
+        node: NodeClients,
+        *,
+        env: dict[str, str],
+        workdir: Callable[[str], str],
+        scripts: Path = SCENARIOS / "envd",
+    ) -> None:
+        self.python = python
+        self.node = node
+        self.env = env
+        self.workdir = workdir
+        self.scripts = scripts
+
+    def work(self, flavour: str, name: str) -> str:
+        return self.workdir(f"{flavour}-{name.replace('/', '-')}")
+
+    def command(self, flavour: str, name: str, *args: str) -> tuple[list[str], dict[str, str]]:
+        script = self.scripts / _SCRIPTS[flavour]
+        if flavour == "js":
+            return ["node", str(script), name, self.work(flavour, name), *args], {
+                **self.env,
+                "NODE_PATH": str(self.node.root / "node_modules"),
+            }
+        return [str(self.python.python), "-I", str(script), name, self.work(flavour, name), *args], dict(self.env)
+
+    def run(self, flavour: str, name: str, timeout: float = 180, *args: str) -> ScenarioRun:
+        if flavour not in _SCRIPTS:
+            raise ValueError(f"unknown client flavour {flavour!r} (known: {', '.join(FLAVOURS)})")
+        cmd, env = self.command(flavour, name, *args)
+        start = time.monotonic()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        duration = time.monotonic() - start
+        traces = tuple(line for line in proc.stderr.splitlines() if line.startswith(f"{flavour}:"))
+        return ScenarioRun(parse(proc, f"{flavour}:{name}"), traces, duration)
+
+    def __call__(self, flavour: str, name: str, timeout: float = 180, *args: str) -> dict[str, Any]:
+        return self.run(flavour, name, timeout, *args).result

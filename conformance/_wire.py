@@ -1,0 +1,270 @@
+"""Wire-level cases: exact requests and exact expected answers, without any client library.
+
+The official clients hide the wire: a create answered 200 instead of 201 surfaces as "Body of the
+request is None", a dropped stream event as a shorter stdout. These cases send the requests the
+clients send (PROTOCOL.md §2, §4) with httpx and compare the answers field by field, so a failure
+names the request that differed and what came back. They use the same four variables as the
+clients, so they run against any endpoint.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import struct
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from ._model import CaseResult, ClientInfo, Outcome
+
+__all__ = ["WIRE_CASES", "WireCase", "WireMismatchError", "run_wire_cases"]
+
+CLIENT = ClientInfo("wire", "httpx", httpx.__version__)
+ENVD_PORT = 49983
+
+
+class WireMismatchError(AssertionError):
+    """An answer differed from the contract; the message names the request."""
+
+
+@dataclass
+class Wire:
+    http: httpx.Client
+    domain: str
+    api_key: str
+
+    def api(self, path: str) -> str:
+        return f"https://api.{self.domain}{path}"
+
+    def envd(self, sandbox_id: str, path: str) -> str:
+        return f"https://{ENVD_PORT}-{sandbox_id}.{self.domain}{path}"
+
+    @property
+    def key(self) -> dict[str, str]:
+        return {"X-API-Key": self.api_key}
+
+    def expect(self, response: httpx.Response, status: int, what: str = "") -> Any:
+        request = response.request
+        if response.status_code != status:
+            raise WireMismatchError(
+                f"{request.method} {request.url} answered {response.status_code}, the contract says {status}"
+                f"{' (' + what + ')' if what else ''}: {response.text[:300]}"
+            )
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            return response.content
+
+    @contextmanager
+    def sandbox(self, **body: Any) -> Iterator[dict[str, Any]]:
+        created = self.expect(
+            self.http.post(
+                self.api("/sandboxes"), json={"templateID": "base", "timeout": 120, **body}, headers=self.key
+            ),
+            201,
+        )
+        try:
+            yield created
+        finally:
+            self.http.delete(self.api(f"/sandboxes/{created['sandboxID']}"), headers=self.key)
+
+
+def _envelope(message: dict[str, Any]) -> bytes:
+    data = json.dumps(message).encode()
+    return struct.pack(">BI", 0, len(data)) + data
+
+
+def _envelopes(body: bytes) -> list[tuple[int, Any]]:
+    frames, offset = [], 0
+    while offset < len(body):
+        if len(body) - offset < 5:
+            raise WireMismatchError(f"a truncated Connect envelope header at byte {offset}")
+        flags, length = struct.unpack(">BI", body[offset : offset + 5])
+        frames.append((flags, json.loads(body[offset + 5 : offset + 5 + length] or b"{}")))
+        offset += 5 + length
+    return frames
+
+
+def _event_kinds(frames: list[tuple[int, Any]]) -> list[str]:
+    kinds = []
+    for flags, message in frames:
+        if flags & 0x02:
+            kinds.append("end-of-stream" if not message.get("error") else f"error:{message['error'].get('code')}")
+            continue
+        event = message.get("event", {})
+        for kind in ("start", "data", "end", "keepalive"):
+            if kind in event:
+                if kind == "data":
+                    raw = event["data"].get("stdout") or event["data"].get("stderr") or ""
+                    kinds.append(f"data:{base64.b64decode(raw).decode(errors='replace').strip()}")
+                else:
+                    kinds.append(kind)
+    return kinds
+
+
+def create_status(wire: Wire) -> None:
+    with wire.sandbox(secure=True) as created:
+        for field in ("sandboxID", "templateID", "clientID", "envdVersion", "envdAccessToken"):
+            if field not in created:
+                raise WireMismatchError(
+                    f"POST {wire.api('/sandboxes')}: the answer has no {field!r}: {sorted(created)}"
+                )
+
+
+def error_shape(wire: Wire) -> None:
+    body = wire.expect(wire.http.get(wire.api("/sandboxes/doesnotexist0"), headers=wire.key), 404)
+    if not (isinstance(body, dict) and body.get("code") == 404 and isinstance(body.get("message"), str)):
+        raise WireMismatchError(
+            f"GET {wire.api('/sandboxes/doesnotexist0')}: the error body is {body!r}, not {{code, message}}"
+        )
+    wire.expect(wire.http.get(wire.api("/v2/sandboxes")), 401, "no API key")
+
+
+def pause_twice(wire: Wire) -> None:
+    with wire.sandbox() as created:
+        url = wire.api(f"/sandboxes/{created['sandboxID']}/pause")
+        wire.expect(wire.http.post(url, json={"memory": True}, headers=wire.key), 204)
+        wire.expect(wire.http.post(url, json={"memory": True}, headers=wire.key), 409, "a second pause")
+
+
+def process_stream(wire: Wire) -> None:
+    with wire.sandbox(secure=True) as created:
+        url = wire.envd(created["sandboxID"], "/process.Process/Start")
+        start = {
+            "process": {"cmd": "/bin/bash", "args": ["-c", "echo one; sleep 0.2; echo two; sleep 0.2; echo three"]}
+        }
+        headers = {
+            "Content-Type": "application/connect+json",
+            "Connect-Protocol-Version": "1",
+            "X-Access-Token": created["envdAccessToken"],
+            "E2b-Sandbox-Id": created["sandboxID"],
+            "E2b-Sandbox-Port": str(ENVD_PORT),
+        }
+        response = wire.http.post(url, content=_envelope(start), headers=headers)
+        wire.expect(response, 200)
+        kinds = _event_kinds(_envelopes(response.content))
+        expected = ["start", "data:one", "data:two", "data:three", "end", "end-of-stream"]
+        if [kind for kind in kinds if kind != "keepalive"] != expected:
+            raise WireMismatchError(f"POST {url}: the stream's events were {kinds}, expected {expected}")
+
+
+def killed_is_502(wire: Wire) -> None:
+    with wire.sandbox() as created:
+        health = wire.envd(created["sandboxID"], "/health")
+        wire.expect(wire.http.get(health), 204, "a running sandbox's envd")
+    wire.expect(wire.http.get(health), 502, "after kill the clients' is_running expects 502")
+
+
+def shared_host(wire: Wire) -> None:
+    with wire.sandbox() as created:
+        headers = {"E2b-Sandbox-Id": created["sandboxID"], "E2b-Sandbox-Port": str(ENVD_PORT)}
+        wire.expect(wire.http.get(f"https://sandbox.{wire.domain}/health", headers=headers), 204, "shared host")
+
+
+def control_extras(wire: Wire) -> None:
+    """Operations the control plane offers that the pinned SDKs do not call (the CLI and dashboards do)."""
+    with wire.sandbox(metadata={"wire": "extras"}) as created:
+        sandbox_id = created["sandboxID"]
+        listed = wire.expect(wire.http.get(wire.api("/sandboxes"), headers=wire.key), 200)
+        if sandbox_id not in [item.get("sandboxID") for item in listed]:
+            raise WireMismatchError(f"GET {wire.api('/sandboxes')}: {sandbox_id} is not listed")
+        refresh = wire.api(f"/sandboxes/{sandbox_id}/refreshes")
+        wire.expect(wire.http.post(refresh, json={"duration": 30}, headers=wire.key), 204)
+        network = wire.api(f"/sandboxes/{sandbox_id}/network")
+        wire.expect(wire.http.put(network, json={"denyOut": ["0.0.0.0/0"]}, headers=wire.key), 204)
+        batch = wire.api(f"/sandboxes/metrics?sandbox_ids={sandbox_id}")
+        body = wire.expect(wire.http.get(batch, headers=wire.key), 200)
+        if not isinstance(body, dict) or not isinstance(body.get("sandboxes"), dict):
+            raise WireMismatchError(f"GET {batch}: {body!r} is not {{sandboxes: {{...}}}}")
+        logs = wire.expect(wire.http.get(wire.api(f"/sandboxes/{sandbox_id}/logs"), headers=wire.key), 200)
+        if not isinstance(logs, dict) or not {"logs", "logEntries"} <= set(logs):
+            raise WireMismatchError(f"GET /sandboxes/{sandbox_id}/logs: {sorted(logs or {})} lacks logs/logEntries")
+        logs_v2 = wire.expect(wire.http.get(wire.api(f"/v2/sandboxes/{sandbox_id}/logs"), headers=wire.key), 200)
+        if not isinstance(logs_v2, dict) or "logs" not in logs_v2:
+            raise WireMismatchError(f"GET /v2/sandboxes/{sandbox_id}/logs: {logs_v2!r} lacks logs")
+        pause = wire.api(f"/sandboxes/{sandbox_id}/pause")
+        wire.expect(wire.http.post(pause, json={"memory": True}, headers=wire.key), 204)
+        resume = wire.api(f"/sandboxes/{sandbox_id}/resume")
+        resumed = wire.expect(wire.http.post(resume, json={"timeout": 60}, headers=wire.key), 201)
+        if resumed.get("sandboxID") != sandbox_id:
+            raise WireMismatchError(f"POST {resume}: answered for {resumed.get('sandboxID')!r}")
+        wire.expect(wire.http.post(resume, json={"timeout": 60}, headers=wire.key), 409, "resuming a running sandbox")
+
+
+def envd_http(wire: Wire) -> None:
+    """envd's own HTTP routes besides files: environment, metrics, and /init's token rule."""
+    with wire.sandbox(secure=True, envVars={"WIRE_VAR": "present"}) as created:
+        sandbox_id, token = created["sandboxID"], created["envdAccessToken"]
+        headers = {"X-Access-Token": token}
+        envs = wire.expect(wire.http.get(wire.envd(sandbox_id, "/envs"), headers=headers), 200)
+        if not isinstance(envs, dict) or envs.get("WIRE_VAR") != "present":
+            raise WireMismatchError(f"GET {wire.envd(sandbox_id, '/envs')}: WIRE_VAR is {envs!r}")
+        metrics = wire.expect(wire.http.get(wire.envd(sandbox_id, "/metrics"), headers=headers), 200)
+        if not isinstance(metrics, dict):
+            raise WireMismatchError(f"GET {wire.envd(sandbox_id, '/metrics')}: {metrics!r} is not an object")
+        wire.expect(wire.http.get(wire.envd(sandbox_id, "/envs")), 401, "no access token")
+        init = wire.envd(sandbox_id, "/init")
+        wire.expect(wire.http.post(init, json={"accessToken": "someone-else"}), 401, "taking the sandbox over")
+        wire.expect(wire.http.post(init, json={"accessToken": token}, headers=headers), 204, "the same token again")
+
+
+@dataclass(frozen=True)
+class WireCase:
+    name: str
+    operations: tuple[str, ...]
+    run: Callable[[Wire], None]
+
+
+LIFE = ("control.sandboxes.create", "control.sandboxes.kill")
+WIRE_CASES: tuple[WireCase, ...] = (
+    WireCase("wire/control/create-status", LIFE, create_status),
+    WireCase("wire/control/error-shape", ("control.sandboxes.get", "control.sandboxes.list"), error_shape),
+    WireCase("wire/control/pause-twice", (*LIFE, "control.sandboxes.pause"), pause_twice),
+    WireCase("wire/envd/process-stream", (*LIFE, "envd.process.Start"), process_stream),
+    WireCase("wire/envd/killed-is-502", (*LIFE, "envd.http.health"), killed_is_502),
+    WireCase("wire/routing/shared-host", (*LIFE, "envd.http.health"), shared_host),
+    WireCase(
+        "wire/control/extras",
+        (
+            *LIFE,
+            "control.sandboxes.list_v1",
+            "control.sandboxes.refresh",
+            "control.sandboxes.update_network",
+            "control.sandboxes.metrics_batch",
+            "control.sandboxes.logs_v1",
+            "control.sandboxes.logs",
+            "control.sandboxes.pause",
+            "control.sandboxes.resume",
+        ),
+        control_extras,
+    ),
+    WireCase("wire/envd/http-routes", (*LIFE, "envd.http.envs", "envd.http.metrics", "envd.http.init"), envd_http),
+)
+
+
+def run_wire_cases(client_env: dict[str, str], match: str = "") -> list[CaseResult]:
+    context = ssl.create_default_context(cafile=client_env.get("SSL_CERT_FILE"))
+    results = []
+    with httpx.Client(verify=context, timeout=60, trust_env=False) as http:
+        wire = Wire(http, client_env["E2B_DOMAIN"], client_env["E2B_API_KEY"])
+        for case in WIRE_CASES:
+            if match not in case.name:
+                continue
+            start = time.monotonic()
+            try:
+                case.run(wire)
+            except (WireMismatchError, httpx.HTTPError, ValueError, KeyError) as exc:
+                results.append(
+                    CaseResult(case.name, CLIENT, Outcome.FAIL, time.monotonic() - start, case.operations, str(exc))
+                )
+                continue
+            results.append(CaseResult(case.name, CLIENT, Outcome.PASS, time.monotonic() - start, case.operations))
+    return results

@@ -1,0 +1,105 @@
+"""The conformance harness end to end against the real server: a signed report that passes the
+gate, and a deliberately broken endpoint (a relay that changes one answer) that fails it, with a
+message naming the request that differed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conformance._clients import NodeClients, PythonClients
+from conformance._endpoint import ExternalEndpoint
+from conformance._gate import evaluate, load_policy
+from conformance._harness import ClientSet, RunPlan, run_cases
+from conformance._model import CaseResult, Outcome
+from conformance._report import coverage
+from conformance._run import FEATURES, RunOptions, main_run
+from conformance._signing import verify
+from conformance._wire import run_wire_cases
+from contract import load_inventory
+from tests.conformance.faulty_endpoint import Fault, FaultyEndpoint
+
+from .conftest import LiveServer
+
+pytestmark = [pytest.mark.artifacts]
+
+
+def _pinned(python_clients: PythonClients, node_clients: NodeClients) -> ClientSet:
+    return ClientSet(python_clients, node_clients, python_clients.version, node_clients.version)
+
+
+def _failed(results: list[CaseResult] | tuple[CaseResult, ...], case: str) -> list[CaseResult]:
+    return [result for result in results if result.case == case and result.outcome is Outcome.FAIL]
+
+
+def test_a_full_run_is_signed_and_passes_the_gate(live_server: LiveServer, tmp_path: Path) -> None:
+    options = RunOptions(
+        endpoint_env=dict(live_server.client_env),
+        second_api_key=live_server.issue_key("harness-second"),
+        python_versions=(),
+        node_versions=(),
+        match="",
+        output=tmp_path / "report",
+        reports_root=tmp_path,
+        features=FEATURES,
+        signing_key=tmp_path / "signing-key.pem",
+        server_name="e2b-compat reference server",
+        backend="crun",
+    )
+    assert main_run(options) == 0, (tmp_path / "report" / "report.md").read_text()
+    report = tmp_path / "report" / "report.json"
+    checked = verify(report)
+    assert checked.valid, checked.problem
+    assert verify(report, trusted_fingerprint=checked.fingerprint).trusted
+    data = bytearray(report.read_bytes())
+    data[len(data) // 2] ^= 0x20
+    report.write_bytes(bytes(data))
+    assert not verify(report).valid, "one changed byte must break the signature"
+
+
+def test_a_create_answered_200_fails_the_cases_and_the_gate(
+    live_server: LiveServer, python_clients: PythonClients, node_clients: NodeClients
+) -> None:
+    with FaultyEndpoint.for_server(live_server, Fault.CREATE_200) as relay:
+        endpoint = ExternalEndpoint(relay.client_env(live_server.client_env))
+        run = run_cases(RunPlan(endpoint, (_pinned(python_clients, node_clients),), match="create-env-metadata"))
+        wire = run_wire_cases(endpoint.clients_env(), "create-status")
+        assert relay.faults_injected > 0
+    # The Python client parses the body only for the status the contract lists ("Body of the request
+    # is None"); the JS client accepts any 2xx and does not notice. The wire case catches it for all.
+    failed = {result.client.flavour for result in _failed(run.results, "sandbox/lifecycle/create-env-metadata")}
+    assert failed == {"py-sync", "py-async"}
+    (failure,) = _failed(wire, "wire/control/create-status")
+    assert "POST https://api." in failure.detail
+    assert "/sandboxes answered 200, the contract says 201" in failure.detail
+    gate = evaluate(coverage((*run.results, *wire), load_inventory()), load_policy())
+    assert not gate.passed
+    assert "control.sandboxes.create" in {item.operation for item in gate.failures}
+
+
+def test_a_dropped_stream_event_fails_the_cases_and_names_the_stream(
+    live_server: LiveServer, python_clients: PythonClients, node_clients: NodeClients
+) -> None:
+    with FaultyEndpoint.for_server(live_server, Fault.DROP_STREAM_EVENT) as relay:
+        endpoint = ExternalEndpoint(relay.client_env(live_server.client_env))
+        run = run_cases(RunPlan(endpoint, (_pinned(python_clients, node_clients),), match="commands/foreground"))
+        wire = run_wire_cases(endpoint.clients_env(), "process-stream")
+        assert relay.faults_injected > 0
+    assert _failed(run.results, "envd/commands/foreground"), run.results
+    (failure,) = _failed(wire, "wire/envd/process-stream")
+    assert "/process.Process/Start: the stream's events were" in failure.detail
+    assert "data:one" not in failure.detail.split("expected")[0], "the dropped event is the first output"
+
+
+def test_a_faithful_relay_changes_nothing(
+    live_server: LiveServer, python_clients: PythonClients, node_clients: NodeClients
+) -> None:
+    with FaultyEndpoint.for_server(live_server, Fault.NONE) as relay:
+        endpoint = ExternalEndpoint(relay.client_env(live_server.client_env))
+        run = run_cases(RunPlan(endpoint, (_pinned(python_clients, node_clients),), match="commands/foreground"))
+        wire = run_wire_cases(endpoint.clients_env(), "process-stream")
+    assert all(result.outcome is Outcome.PASS for result in (*run.results, *wire)), [
+        (result.case, result.detail) for result in (*run.results, *wire)
+    ]
