@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -144,11 +144,3 @@ def run_cases(plan: RunPlan, *, on_result: Callable[[CaseResult], None] | None =
         harness_version=HARNESS_VERSION,
         results=tuple(results),
     )
-
-
-def flavours_of(names: Sequence[str]) -> tuple[str, ...]:
-    known = ("py-sync", "py-async", "js")
-    unknown = sorted(set(names) - set(known))
-    if unknown:
-        raise ValueError(f"unknown client flavours {unknown} (known: {', '.join(known)})")
-    return tuple(names)

@@ -20,8 +20,10 @@ import os
 import shutil
 import ssl
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +37,11 @@ from ._clients import verify_node_clients, verify_python_clients
 from ._endpoint import Endpoint, EndpointError, ExternalEndpoint, ManagedServer
 from ._gate import apply_known_failures, evaluate, load_known_failures, load_policy
 from ._harness import ClientSet, RunPlan, run_cases
-from ._model import CaseResult, Outcome, RunInfo
+from ._model import CaseResult, ClientInfo, Outcome, RunInfo
+from ._properties import envd_runner, property_results
+from ._recorder import check_drift, fixture_path
 from ._report import coverage, write_report
+from ._schema_suite import control_plane_url, operation_ids, run_schemathesis
 from ._signing import load_or_create_signing_key
 from ._wire import run_wire_cases
 
@@ -114,6 +119,59 @@ def unsupported_results(
     return results
 
 
+def drift_results(client_sets: Sequence[ClientSet]) -> list[CaseResult]:
+    """Re-record what each client flavour sends (``_recorder``) and compare with ``fixtures/wire/``.
+
+    This runs against the recorder's own fixture server, not the endpoint: it says whether the
+    clients under test still send what the cases were written for. A version with no committed
+    recording is skipped, saying so (``python -m conformance._recorder write`` makes one).
+    """
+    results = []
+    for clients in client_sets:
+        for flavour in FLAVOURS:
+            info = clients.info(flavour)
+            env = clients.node if flavour == "js" else clients.python
+            assert env is not None
+            name = "recorder/wire-drift"
+            if not fixture_path(flavour, info.version).exists():
+                reason = f"no committed recording for {flavour} e2b {info.version}"
+                results.append(CaseResult(name, info, Outcome.SKIP, 0.0, (), reason=reason))
+                continue
+            start = time.monotonic()
+            drift = check_drift(
+                flavours=(flavour,),
+                python=clients.python if flavour != "js" else None,
+                node=clients.node if flavour == "js" else None,
+            )
+            outcome = Outcome.FAIL if drift else Outcome.PASS
+            results.append(CaseResult(name, info, outcome, time.monotonic() - start, (), detail=drift))
+    return results
+
+
+SCHEMA_EXAMPLES = 25  # per operation; the suite creates at most a few sandboxes whatever this is
+
+
+def schema_results(endpoint: Endpoint) -> list[CaseResult]:
+    """schemathesis over the control plane from the derived document, with valid and with wrong credentials."""
+    env = endpoint.clients_env()
+    ids = operation_ids()
+    info = ClientInfo("schemathesis", "schemathesis", metadata.version("schemathesis"))
+    results = []
+    for name, wrong in (("properties/schemathesis/valid-key", False), ("properties/schemathesis/wrong-key", True)):
+        suite = run_schemathesis(
+            control_plane_url(env["E2B_DOMAIN"]),
+            env["E2B_API_KEY"],
+            ca_file=env.get("SSL_CERT_FILE"),
+            max_examples=SCHEMA_EXAMPLES,
+            wrong_credentials=wrong,
+        )
+        operations = tuple(sorted({ids[label] for label in suite.operations if label in ids}))
+        outcome = Outcome.PASS if suite.passed else Outcome.FAIL
+        detail = "" if suite.passed else suite.report()[:20_000]
+        results.append(CaseResult(name, info, outcome, suite.duration_s, operations, detail))
+    return results
+
+
 def _client_sets(options: RunOptions, console: Console) -> list[ClientSet]:
     sets = []
     pythons = options.python_versions or ("pinned",)
@@ -184,8 +242,15 @@ def main_run(options: RunOptions) -> int:
         plan = RunPlan(endpoint, tuple(client_sets), match=options.match)
         run = run_cases(plan)
         extra = run_wire_cases(endpoint.clients_env(), options.match)
+        if "properties".startswith(options.match) or options.match in "properties/":
+            for clients in client_sets:
+                make = envd_runner(clients.python, clients.node, endpoint.clients_env())
+                extra += property_results(make, clients.info)
         features = options.features if options.features is not None else (FEATURES if managed else None)
         extra += unsupported_results(endpoint, features, client_sets)
+        if not options.match:
+            extra += drift_results(client_sets)
+            extra += schema_results(endpoint)
         run = replace(run, results=(*run.results, *extra))
     finally:
         if managed is not None:

@@ -13,6 +13,7 @@ Supabase/admin schemes are not offered: a request carrying only those is 401.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from starlette.applications import Starlette
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -62,6 +64,25 @@ def _strings(value: object) -> tuple[str, ...]:
     return tuple(value) if isinstance(value, list) else ()
 
 
+def _ranges(value: object, field: str) -> tuple[str, ...]:
+    """``allowOut``/``denyOut``: IPv4 addresses or CIDR ranges (the sandboxes' networks are IPv4).
+
+    Upstream also takes domain names in ``allowOut``; this server's egress rules are address
+    based, so a name is refused with a 400 that says so rather than silently not applied.
+    """
+    ranges = _strings(value)
+    for entry in ranges:
+        try:
+            network = ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ApiError(
+                400, f"Invalid request body: {field}: entries must be IPv4 addresses or CIDR ranges"
+            ) from None
+        if network.version != 4:
+            raise ApiError(400, f"Invalid request body: {field}: sandboxes have IPv4 networking only")
+    return ranges
+
+
 def _parse_metadata_filter(raw: str | None) -> dict[str, str]:
     """The clients send ``urlencode({quote(k): quote(v)})`` as one parameter: undo both layers."""
     if raw is None:
@@ -86,6 +107,22 @@ def _states(request: Request) -> set[str] | None:
 def _unix(request: Request, name: str) -> datetime | None:
     seconds = integer_query(request, name, default=None, low=0, high=2**40)
     return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
+
+
+class AnythingConvertor(Convertor[str]):
+    """Like Starlette's ``path``, but newlines too: an id that is not even a name must still reach
+    the handler, which authenticates first (401) and then answers that no such template exists."""
+
+    regex = "(?s:.*)"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("anything", AnythingConvertor())
 
 
 def create_control_plane(service: SandboxService, keys: Authenticator) -> Starlette:
@@ -130,8 +167,8 @@ def create_control_plane(service: SandboxService, keys: Authenticator) -> Starle
                 auto_pause_memory=_bool(body, "autoPauseMemory", True),
                 auto_resume=bool((body.get("autoResume") or {}).get("enabled", False)),
                 allow_public_traffic=_bool(network, "allowPublicTraffic", True),
-                allow_out=_strings(network.get("allowOut")),
-                deny_out=_strings(network.get("denyOut")),
+                allow_out=_ranges(network.get("allowOut"), "network/allowOut"),
+                deny_out=_ranges(network.get("denyOut"), "network/denyOut"),
                 mask_request_host=network.get("maskRequestHost"),
             ),
         )
@@ -239,8 +276,8 @@ def create_control_plane(service: SandboxService, keys: Authenticator) -> Starle
             owner,
             request.path_params["sandbox_id"],
             allow_internet_access=None if internet is None else bool(internet),
-            allow_out=None if "allowOut" not in body else _strings(body["allowOut"]),
-            deny_out=None if "denyOut" not in body else _strings(body["denyOut"]),
+            allow_out=None if "allowOut" not in body else _ranges(body["allowOut"], "allowOut"),
+            deny_out=None if "denyOut" not in body else _ranges(body["denyOut"], "denyOut"),
         )
         return _no_content()
 
@@ -360,7 +397,7 @@ def create_control_plane(service: SandboxService, keys: Authenticator) -> Starle
         Route(f"/v2{sandbox}/logs", authenticated(logs_v2), methods=["GET"]),
         Route(f"{sandbox}/snapshots", authenticated(snapshot), methods=["POST"]),
         Route("/snapshots", authenticated(list_snapshots), methods=["GET"]),
-        Route("/templates/{template_id:path}", authenticated(delete_template), methods=["DELETE"]),
+        Route("/templates/{template_id:anything}", authenticated(delete_template), methods=["DELETE"]),
     ]
 
     async def api_error(request: Request, exc: Exception) -> Response:

@@ -48,6 +48,7 @@ from ._credentials import (
     require_private_file,
     verify_api_key,
 )
+from ._files import replace_file
 from ._store import format_time, parse_time
 
 __all__ = [
@@ -301,34 +302,12 @@ def _read_key_file(path: Path) -> tuple[str | None, bool]:
 
 
 def write_private_file(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text``, readable by the owner only, atomically.
+    """Replace ``path`` with ``text``, readable by the owner only, atomically (``_files.replace_file``).
 
-    The content goes to a new temporary name created with O_CREAT|O_EXCL at mode 0600 (so no one
-    else can open it even for a moment, and an existing file or planted symlink is never written
-    through), is synced, and is then renamed over ``path``: a reader sees the old file or the
-    complete new one. The folder is created 0700 when missing.
+    The folder is created 0700 when missing.
     """
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    temporary = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
     try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        replace_file(path, text.encode("utf-8"), mode=0o600)
     except OSError as exc:
-        raise KeyFileError(f"cannot create {temporary}: {exc.strerror}") from exc
-    try:
-        with os.fdopen(fd, "wb") as file:
-            os.fchmod(file.fileno(), 0o600)  # the umask could only have removed bits, but be explicit
-            file.write(text.encode("utf-8"))
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except OSError as exc:
-        temporary.unlink(missing_ok=True)
         raise KeyFileError(f"cannot write {path}: {exc.strerror}") from exc
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(directory)  # the rename itself survives a power loss
-    finally:
-        os.close(directory)

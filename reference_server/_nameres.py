@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
 
+from ._files import replace_file
 from ._routing import parse_domain
 
 __all__ = [
@@ -388,21 +389,4 @@ def _replace_keeping_owner(path: Path, data: bytes) -> None:
         mode, uid, gid = stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid
     except FileNotFoundError:
         mode, uid, gid = 0o644, 0, 0
-    temporary = target.parent / f".{target.name}.{secrets.token_hex(8)}.tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            os.fchown(file.fileno(), uid, gid)
-            os.fchmod(file.fileno(), mode)
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    directory = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    replace_file(target, data, mode=mode, owner=(uid, gid))

@@ -446,12 +446,16 @@ class SandboxService:
             if deny_out is not None:
                 network["denyOut"] = list(deny_out)
             egress = self.settings.egress_enabled
-            await self.backend.update_network(
-                sandbox_id,
-                allow_internet_access=bool(internet) and egress,
-                allow_out=tuple(network.get("allowOut", ())) if egress else (),
-                deny_out=tuple(network.get("denyOut", ())),
-            )
+            try:
+                await self.backend.update_network(
+                    sandbox_id,
+                    allow_internet_access=bool(internet) and egress,
+                    allow_out=tuple(network.get("allowOut", ())) if egress else (),
+                    deny_out=tuple(network.get("denyOut", ())),
+                )
+            except SandboxRuntimeError as exc:
+                log.error("network update of %s failed: %s", sandbox_id, exc)
+                raise ApiError(500, text.INTERNAL) from None
             data = _event(
                 dict(record.data, network=network, allow_internet_access=internet),
                 self.now(),

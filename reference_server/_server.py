@@ -39,6 +39,7 @@ from ._config import ServerConfig
 from ._control_plane import create_control_plane
 from ._credentials import TokenVault, load_or_create_master_key
 from ._edge import Edge
+from ._files import replace_file
 from ._keys import KeyStore, ensure_key
 from ._metrics import MetricsBook
 from ._proxy import SandboxProxy
@@ -109,10 +110,7 @@ def _publish_ca(source: Path, target: Path) -> None:
     data = source.read_bytes()
     if target.exists() and target.read_bytes() == data:
         return
-    staging = target.with_name(f".{target.name}.{os.getpid()}")
-    staging.write_bytes(data)
-    staging.chmod(0o644)
-    os.replace(staging, target)
+    replace_file(target, data, mode=0o644)
 
 
 @contextlib.asynccontextmanager

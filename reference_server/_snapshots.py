@@ -7,17 +7,14 @@ table says whose it is, which sandbox it came from, and the names the API report
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
-import re
 import sqlite3
 from dataclasses import dataclass
 from datetime import datetime
 
 import aiosqlite
 
-from ._store import AlreadyExists, InvalidCursor, format_time, parse_time
+from ._store import AlreadyExists, decode_page_key, encode_page_key, format_time, parse_time
 
 __all__ = ["SnapshotPage", "SnapshotRecord", "SnapshotStore"]
 
@@ -38,7 +35,6 @@ class SnapshotPage:
     next_token: str | None
 
 
-_CURSOR = re.compile(r"[A-Za-z0-9_-]{1,1024}")
 # Constant SQL only: no statement is ever assembled from input.
 _SELECT = "SELECT snapshot_id, owner, sandbox_id, template_id, names, created_at FROM snapshots"
 _GET = _SELECT + " WHERE snapshot_id = ?"
@@ -68,24 +64,6 @@ def _row(row: sqlite3.Row | tuple[object, ...]) -> SnapshotRecord:
         names=tuple(str(name) for name in decoded),
         created_at=parse_time(str(created_at)),
     )
-
-
-def _encode_cursor(record: SnapshotRecord) -> str:
-    key = json.dumps([format_time(record.created_at), record.snapshot_id], separators=(",", ":"))
-    return base64.urlsafe_b64encode(key.encode("utf-8")).decode("ascii").rstrip("=")
-
-
-def _decode_cursor(token: str) -> tuple[str, str]:
-    if not _CURSOR.fullmatch(token):
-        raise InvalidCursor
-    try:
-        key = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode("utf-8"))
-        if not isinstance(key, list) or len(key) != 2 or not all(isinstance(part, str) and part for part in key):
-            raise InvalidCursor
-        parse_time(key[0])
-    except (ValueError, binascii.Error):
-        raise InvalidCursor from None
-    return key[0], key[1]
 
 
 class SnapshotStore:
@@ -124,7 +102,7 @@ class SnapshotStore:
     ) -> SnapshotPage:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
-        after_key = _decode_cursor(after) if after is not None else ("", "")
+        after_key = decode_page_key(after) if after is not None else ("", "")
         rows = await self._db.execute_fetchall(
             _LIST,
             {
@@ -138,4 +116,6 @@ class SnapshotStore:
         records = tuple(_row(row) for row in rows)
         if len(records) <= limit:
             return SnapshotPage(records, None)
-        return SnapshotPage(records[:limit], _encode_cursor(records[limit - 1]))
+        return SnapshotPage(
+            records[:limit], encode_page_key(records[limit - 1].created_at, records[limit - 1].snapshot_id)
+        )

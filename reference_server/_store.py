@@ -235,13 +235,14 @@ class Page:
 _CURSOR = re.compile(r"[A-Za-z0-9_-]{1,1024}")
 
 
-def encode_cursor(record: SandboxRecord) -> str:
-    """The sort key of the last record of a page, as unpadded URL-safe base64 of a JSON pair."""
-    key = json.dumps([format_time(record.created_at), record.sandbox_id], separators=(",", ":"), ensure_ascii=False)
-    return base64.urlsafe_b64encode(key.encode("utf-8")).decode("ascii").rstrip("=")
+def encode_page_key(created_at: datetime, key: str) -> str:
+    """A page cursor: the (creation time, id) sort key of a page's last row, as unpadded URL-safe base64."""
+    text = json.dumps([format_time(created_at), key], separators=(",", ":"), ensure_ascii=False)
+    return base64.urlsafe_b64encode(text.encode("utf-8")).decode("ascii").rstrip("=")
 
 
-def decode_cursor(token: str) -> tuple[str, str]:
+def decode_page_key(token: str) -> tuple[str, str]:
+    """The sort key of a cursor made by ``encode_page_key``; ``InvalidCursor`` for anything else."""
     if not _CURSOR.fullmatch(token):
         raise InvalidCursor
     try:
@@ -252,6 +253,14 @@ def decode_cursor(token: str) -> tuple[str, str]:
     except (ValueError, binascii.Error):  # also JSON and UTF-8 decoding errors
         raise InvalidCursor from None
     return key[0], key[1]
+
+
+def encode_cursor(record: SandboxRecord) -> str:
+    return encode_page_key(record.created_at, record.sandbox_id)
+
+
+def decode_cursor(token: str) -> tuple[str, str]:
+    return decode_page_key(token)
 
 
 _GET = "SELECT record FROM sandboxes WHERE sandbox_id = ?"

@@ -31,7 +31,6 @@ import ipaddress
 import os
 import secrets
 import ssl
-import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -43,6 +42,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from reference_server._credentials import require_private_file
+from reference_server._files import replace_file
 from reference_server._routing import parse_domain
 
 __all__ = ["EdgeCertificateError", "EdgeCertificates", "ensure_certificates", "ssl_context"]
@@ -266,20 +266,4 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
 
 
 def _write_file(path: Path, data: bytes, mode: int) -> None:
-    """Replace ``path`` with ``data`` at ``mode`` atomically: the mode is set before any byte is written."""
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            os.fchmod(file.fileno(), mode)
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    replace_file(path, data, mode=mode)

@@ -393,3 +393,18 @@ async def test_hostile_input_is_never_a_500(plane: Plane) -> None:
     await anyio.to_thread.run_sync(examples)
     for record in await plane.store.all():  # whatever was made is consistent with the runtime
         assert (await plane.backend.inspect(record.sandbox_id)).state.value in ("running", "paused", "stopped")
+
+
+async def test_egress_ranges_must_be_ipv4_addresses_or_cidrs(plane: Plane) -> None:
+    sandbox_id = (await plane.create())["sandboxID"]
+    url = f"/sandboxes/{sandbox_id}/network"
+    for bad in (["example.com"], ["10.0.0.0/33"], ["::1/128"], ["\x00"]):
+        refused(await plane.client.put(url, json={"allowOut": bad}, headers=A), 400)
+        refused(await plane.client.put(url, json={"denyOut": bad}, headers=A), 400)
+    refused(
+        await plane.client.post("/sandboxes", json={"templateID": "base", "network": {"denyOut": ["x"]}}, headers=A),
+        400,
+    )
+    assert (
+        await plane.client.put(url, json={"allowOut": ["10.1.2.3", "192.168.0.0/16"]}, headers=A)
+    ).status_code == 204
