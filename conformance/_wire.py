@@ -141,19 +141,69 @@ def process_stream(wire: Wire) -> None:
         start = {
             "process": {"cmd": "/bin/bash", "args": ["-c", "echo one; sleep 0.2; echo two; sleep 0.2; echo three"]}
         }
-        headers = {
-            "Content-Type": "application/connect+json",
-            "Connect-Protocol-Version": "1",
-            "X-Access-Token": created["envdAccessToken"],
-            "E2b-Sandbox-Id": created["sandboxID"],
-            "E2b-Sandbox-Port": str(ENVD_PORT),
-        }
-        response = wire.http.post(url, content=_envelope(start), headers=headers)
+        response = wire.http.post(url, content=_envelope(start), headers=_stream_headers(created))
         wire.expect(response, 200)
         kinds = _event_kinds(_envelopes(response.content))
         expected = ["start", "data:one", "data:two", "data:three", "end", "end-of-stream"]
         if [kind for kind in kinds if kind != "keepalive"] != expected:
             raise WireMismatchError(f"POST {url}: the stream's events were {kinds}, expected {expected}")
+
+
+def _stream_headers(created: dict[str, Any], content_type: str = "application/connect+json") -> dict[str, str]:
+    return {
+        "Content-Type": content_type,
+        "Connect-Protocol-Version": "1",
+        "X-Access-Token": created["envdAccessToken"],
+        "E2b-Sandbox-Id": created["sandboxID"],
+        "E2b-Sandbox-Port": str(ENVD_PORT),
+    }
+
+
+def _read_frames(
+    chunks: Iterator[bytes], buffer: bytearray, until: Callable[[list[tuple[int, Any]]], bool]
+) -> list[tuple[int, Any]]:
+    """Read a response stream's envelopes as they come, until ``until(frames so far)`` holds."""
+    frames: list[tuple[int, Any]] = []
+    while not until(frames):
+        while len(buffer) < 5 or len(buffer) < 5 + struct.unpack(">I", bytes(buffer[1:5]))[0]:
+            buffer.extend(next(chunks))
+        length = struct.unpack(">I", bytes(buffer[1:5]))[0]
+        frames += _envelopes(bytes(buffer[: 5 + length]))
+        del buffer[: 5 + length]
+    return frames
+
+
+def _has(kind: str) -> Callable[[list[tuple[int, Any]]], bool]:
+    return lambda frames: any(kind in message.get("event", {}) or flags & 0x02 for flags, message in frames)
+
+
+def stream_input(wire: Wire) -> None:
+    """Client-streaming input (``Process.StreamInput``), which neither pinned SDK sends but envd serves."""
+    with wire.sandbox(secure=True) as created:
+        start_url = wire.envd(created["sandboxID"], "/process.Process/Start")
+        start = _envelope({"process": {"cmd": "/bin/cat"}, "stdin": True})
+        with wire.http.stream("POST", start_url, content=start, headers=_stream_headers(created)) as output:
+            if output.status_code != 200:
+                raise WireMismatchError(f"POST {start_url} answered {output.status_code}, the contract says 200")
+            chunks, buffer = output.iter_raw(), bytearray()
+            first = _read_frames(chunks, buffer, _has("start"))
+            pids = [message["event"]["start"].get("pid") for _, message in first if "start" in message.get("event", {})]
+            if not pids or not isinstance(pids[0], int):
+                raise WireMismatchError(f"POST {start_url}: the stream began with {_event_kinds(first)}, no pid")
+            url = wire.envd(created["sandboxID"], "/process.Process/StreamInput")
+            text = base64.b64encode(b"over the stream\n").decode()
+            body = _envelope({"start": {"process": {"pid": pids[0]}}}) + _envelope({"data": {"input": {"stdin": text}}})
+            answer = wire.http.post(url, content=body, headers=_stream_headers(created))
+            wire.expect(answer, 200)
+            frames = _envelopes(answer.content)
+            if not frames or not frames[-1][0] & 0x02 or frames[-1][1].get("error"):
+                raise WireMismatchError(f"POST {url}: the stream ended with {frames[-1:]!r}, not a clean end of stream")
+            close = wire.envd(created["sandboxID"], "/process.Process/CloseStdin")
+            unary = _stream_headers(created, "application/json")
+            wire.expect(wire.http.post(close, json={"process": {"pid": pids[0]}}, headers=unary), 200)
+            rest = _event_kinds(_read_frames(chunks, buffer, _has("end")))
+        if "data:over the stream" not in rest:
+            raise WireMismatchError(f"POST {url}: the input never reached the process; its output was {rest}")
 
 
 def killed_is_502(wire: Wire) -> None:
@@ -230,6 +280,11 @@ WIRE_CASES: tuple[WireCase, ...] = (
     WireCase("wire/control/pause-twice", (*LIFE, "control.sandboxes.pause"), pause_twice),
     WireCase("wire/envd/process-stream", (*LIFE, "envd.process.Start"), process_stream),
     WireCase("wire/envd/killed-is-502", (*LIFE, "envd.http.health"), killed_is_502),
+    WireCase(
+        "wire/envd/stream-input",
+        (*LIFE, "envd.process.Start", "envd.process.StreamInput", "envd.process.CloseStdin"),
+        stream_input,
+    ),
     WireCase("wire/routing/shared-host", (*LIFE, "envd.http.health"), shared_host),
     WireCase(
         "wire/control/extras",

@@ -151,9 +151,12 @@ scenarios['properties/batch'] = async (sbx, work) => {
 
 async function main() {
   const [name, work] = process.argv.slice(2)
+  process.stderr.write(`js:envd/${name}:start\n`)
   const sbx = await Sandbox.create()
   try {
+    process.stderr.write(`js:envd/${name}:created ${sbx.sandboxId}\n`)
     const result = await scenarios[name](sbx, work)
+    process.stderr.write(`js:envd/${name}:done\n`)
     console.log(JSON.stringify(result))
   } finally {
     await sbx.kill()

@@ -163,11 +163,14 @@ async def _watch(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
 
 async def main() -> None:
     name, work = sys.argv[1], sys.argv[2]
+    print(f"py-async:envd/{name}:start", file=sys.stderr, flush=True)
     sbx = await AsyncSandbox.create()
     try:
+        print(f"py-async:envd/{name}:created {sbx.sandbox_id}", file=sys.stderr, flush=True)
         result = await SCENARIOS[name](sbx, work)
     finally:
         await sbx.kill()
+    print(f"py-async:envd/{name}:done", file=sys.stderr, flush=True)
     print(json.dumps(result))
 
 

@@ -307,11 +307,14 @@ def _properties(sbx: Sandbox, work: str) -> dict[str, Any]:
 
 def main() -> None:
     name, work = sys.argv[1], sys.argv[2]
+    print(f"py-sync:envd/{name}:start", file=sys.stderr, flush=True)
     sbx = Sandbox.create()
     try:
+        print(f"py-sync:envd/{name}:created {sbx.sandbox_id}", file=sys.stderr, flush=True)
         result = SCENARIOS[name](sbx, work)
     finally:
         sbx.kill()
+    print(f"py-sync:envd/{name}:done", file=sys.stderr, flush=True)
     print(json.dumps(result))
 
 
