@@ -19,8 +19,8 @@ import pytest
 from conformance._clients import NodeClients, PythonClients, ensure_node_clients, ensure_python_clients
 
 REPO = Path(__file__).resolve().parents[2]
-# Each is scanned where it exists: scenarios move between these as the harness grows.
-SCENARIO_DIRS = ("tests/runtime/agent/scenarios", "tests/reference_server/live/scenarios", "conformance/scenarios")
+# Every script that runs in an official client's environment: the scenarios and the recorder's.
+SCENARIO_DIRS = ("conformance/scenarios", "conformance/recorder")
 PY_SUFFIXES = (".py",)
 JS_SUFFIXES = (".cjs", ".js", ".mjs")
 
@@ -38,7 +38,6 @@ def _scripts(suffixes: tuple[str, ...]) -> list[Path]:
     found = [
         path
         for folder in SCENARIO_DIRS
-        if (REPO / folder).is_dir()
         for path in (REPO / folder).rglob("*")
         if path.suffix in suffixes and path.is_file() and "__pycache__" not in path.parts
     ]
@@ -47,6 +46,13 @@ def _scripts(suffixes: tuple[str, ...]) -> list[Path]:
 
 PY_SCRIPTS = _scripts(PY_SUFFIXES)
 JS_SCRIPTS = _scripts(JS_SUFFIXES)
+
+
+def test_every_script_folder_exists_and_holds_scripts() -> None:
+    for folder in SCENARIO_DIRS:
+        assert (REPO / folder).is_dir(), folder
+    assert len(PY_SCRIPTS) >= 6
+    assert len(JS_SCRIPTS) >= 3
 
 
 def _id(path: Path) -> str:
