@@ -12,19 +12,15 @@ import httpx
 import pytest
 from google.protobuf import json_format
 
-from conformance import _recorder
+from conformance import _fixture_server
+from conformance._canonical import canonical_request, decode_envelopes, dumps_line, encode_envelope
 from conformance._clients import NodeClients, PythonClients, ensure_node_clients, ensure_python_clients
+from conformance._fixture_server import API_KEY, ENVD_TOKEN, FixtureServer
 from conformance._recorder import (
-    API_KEY,
-    ENVD_TOKEN,
     FIXTURES_DIR,
-    FixtureServer,
-    canonical_request,
+    FLAVOURS,
     check_drift,
-    decode_envelopes,
     diff_lines,
-    dumps_line,
-    encode_envelope,
     fixture_path,
     record,
     run_recording,
@@ -246,7 +242,7 @@ def test_fixture_control_plane_is_stateful_and_deterministic(server: FixtureServ
         assert (detail["state"], detail["metadata"], detail["startedAt"]) == (
             "running",
             {"k": "v"},
-            _recorder.STARTED_AT,
+            _fixture_server.STARTED_AT,
         )
 
         first = api.get("/v2/sandboxes", params={"limit": 1})
@@ -316,7 +312,11 @@ def test_fixture_envd_answers_connect_with_the_contract_messages(server: Fixture
         frames = decode_envelopes(stream.content)
         events = [json_format.ParseDict(f["message"], process_pb2.StartResponse()).event for f in frames[:-1]]
         assert [e.WhichOneof("event") for e in events] == ["start", "data", "end"]
-        assert (events[0].start.pid, events[1].data.stdout, events[2].end.exit_code) == (_recorder.PID, b"fixture\n", 0)
+        assert (events[0].start.pid, events[1].data.stdout, events[2].end.exit_code) == (
+            _fixture_server.PID,
+            b"fixture\n",
+            0,
+        )
         assert frames[-1] == {"flags": 2, "message": {}}
 
         bad = envd.post("/process.Process/List", content=b'{"nope": 1}', headers={"Content-Type": "application/json"})
@@ -327,7 +327,7 @@ def test_fixture_envd_answers_connect_with_the_contract_messages(server: Fixture
 
         upload = envd.post("/files", params={"path": "/home/user/a.txt"}, files={"file": ("/home/user/a.txt", b"x")})
         assert upload.json() == [{"name": "a.txt", "type": "file", "path": "/home/user/a.txt"}]
-        assert envd.get("/files", params={"path": "/home/user/a.txt"}).content == _recorder.FILE_BYTES
+        assert envd.get("/files", params={"path": "/home/user/a.txt"}).content == _fixture_server.FILE_BYTES
         stat = envd.post("/filesystem.Filesystem/Stat", json={"path": "a.txt"})
         assert (stat.json()["entry"]["path"], stat.json()["entry"]["type"]) == ("/home/user/a.txt", "FILE_TYPE_FILE")
         missing = envd.post("/filesystem.Filesystem/Stat", json={"path": "/nope"})
@@ -386,7 +386,7 @@ OBSERVED: dict[str, Any] = {
 
 
 @pytest.mark.artifacts
-@pytest.mark.parametrize("flavour", _recorder.FLAVOURS)
+@pytest.mark.parametrize("flavour", FLAVOURS)
 def test_recording_is_deterministic_and_the_script_completes(
     flavour: str, python_clients: PythonClients, node_clients: NodeClients
 ) -> None:
@@ -401,7 +401,7 @@ def test_recording_is_deterministic_and_the_script_completes(
 
 @pytest.mark.artifacts
 def test_committed_fixtures_match(python_clients: PythonClients, node_clients: NodeClients) -> None:
-    for flavour in _recorder.FLAVOURS:
+    for flavour in FLAVOURS:
         path = fixture_path(flavour, _clients(flavour, python_clients, node_clients).version)
         assert path.is_file(), f"{path} is committed"
     assert check_drift(python=python_clients, node=node_clients) == ""
