@@ -77,6 +77,8 @@ def bench(session: nox.Session) -> None:
     """Benchmarks reported against floors measured in the same run, never asserted.
 
     ``nox -s bench -- --iterations 500`` for more samples; results go to reports/bench/.
+    As root it also runs crun, the reference server and its code interpreter (each with its own
+    bounded defaults; ``python -m benchmarks.interpreter --help`` for the interpreter's).
     """
     session.install("-e", ".[contract,dev]")
     session.run("python", "-m", "benchmarks.agent", *session.posargs)
@@ -84,6 +86,7 @@ def bench(session: nox.Session) -> None:
         session.run("e2b-compat", "host", "prepare")
         session.run("python", "-m", "benchmarks.crun", *session.posargs)
         session.run("python", "-m", "benchmarks.server")
+        session.run("python", "-m", "benchmarks.interpreter")
 
 
 @nox.session(python=PYTHON)

@@ -11,6 +11,13 @@ Families:
   creates; runs against a bare agent in the clients' debug mode or through any control plane.
 - ``sandbox``: the control plane's lifecycle (create, list, pause, connect, snapshots, metrics,
   owners) with real sandboxes; needs a control plane.
+- ``interpreter``: the code interpreter (port 49999: ``/execute`` and ``/contexts``) through the
+  official interpreter clients (``e2b_code_interpreter``, ``@e2b/code-interpreter``), on sandboxes
+  of their default template ``code-interpreter-v1``: results and their MIME forms (DataFrame HTML,
+  matplotlib PNG and chart, display calls), errors, execution counts, contexts, per-run
+  environment variables, interrupting an abandoned run, concurrent contexts, bash and the
+  languages the template has no kernel for, and the traffic token on a private sandbox's port.
+  Needs a control plane and that template.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Any
 
 from . import _checks as checks
 
-__all__ = ["CASES", "Case", "Check", "cases"]
+__all__ = ["CASES", "FAMILY_TEMPLATES", "Case", "Check", "cases"]
 
 Check = Callable[[dict[str, Any], str], None]
 ALL = ("py-sync", "py-async", "js")
@@ -30,6 +37,16 @@ ALL = ("py-sync", "py-async", "js")
 LIFE = ("control.sandboxes.create", "control.sandboxes.kill")
 START = "envd.process.Start"
 UPLOAD, DOWNLOAD = "envd.http.files_upload", "envd.http.files_download"
+EXECUTE = "interpreter.execute"
+CONTEXTS = (
+    "interpreter.contexts.create",
+    "interpreter.contexts.list",
+    "interpreter.contexts.remove",
+    "interpreter.contexts.restart",
+)
+
+# The template each family's scenarios create their sandboxes from (the clients' defaults).
+FAMILY_TEMPLATES = {"envd": "base", "sandbox": "base", "interpreter": "code-interpreter-v1"}
 
 
 @dataclass(frozen=True)
@@ -49,6 +66,10 @@ def _envd(scenario: str, flavours: tuple[str, ...], operations: tuple[str, ...],
 def _sandbox(scenario: str, flavours: tuple[str, ...], operations: tuple[str, ...], check: Check) -> Case:
     area, _, what = scenario.partition("/")
     return Case(f"{area}/lifecycle/{what}", "sandbox", scenario, flavours, (*LIFE, *operations), check)
+
+
+def _interpreter(scenario: str, flavours: tuple[str, ...], operations: tuple[str, ...], check: Check) -> Case:
+    return Case(scenario, "interpreter", scenario, flavours, (*LIFE, EXECUTE, *operations), check)
 
 
 CASES: tuple[Case, ...] = (
@@ -157,6 +178,22 @@ CASES: tuple[Case, ...] = (
         checks.sandbox_other_owner,
     ),
     _sandbox("sandbox/websocket", ("js",), (UPLOAD, START), checks.sandbox_websocket),
+    _interpreter("interpreter/run/basic", ALL, (), checks.interpreter_basic),
+    _interpreter("interpreter/results/dataframe", ALL, (), checks.interpreter_dataframe),
+    _interpreter("interpreter/results/matplotlib", ALL, (), checks.interpreter_matplotlib),
+    _interpreter("interpreter/results/display", ALL, (), checks.interpreter_display),
+    _interpreter("interpreter/errors/traceback", ALL, (), checks.interpreter_traceback),
+    _interpreter("interpreter/execution-count", ALL, (), checks.interpreter_execution_count),
+    _interpreter("interpreter/contexts/lifecycle", ALL, CONTEXTS, checks.interpreter_contexts),
+    _interpreter("interpreter/env-vars/per-run", ALL, (), checks.interpreter_env_vars),
+    _interpreter("interpreter/interrupt/timeout-then-run", ALL, (), checks.interpreter_timeout),
+    _interpreter(
+        "interpreter/contexts/concurrent", ALL, ("interpreter.contexts.create",), checks.interpreter_concurrent
+    ),
+    _interpreter("interpreter/languages/bash", ALL, (), checks.interpreter_languages),
+    # Its raw GET /health probes test the edge's traffic-token rule, not the route (the SDKs never
+    # call it; wire/interpreter/health covers it), so interpreter.health is not claimed here.
+    _interpreter("interpreter/network/private-traffic", ALL, (), checks.interpreter_private_traffic),
 )
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ._cases import Case, cases
+from ._cases import FAMILY_TEMPLATES, Case, cases
 from ._clients import NodeClients, PythonClients, ensure_node_clients, ensure_python_clients
 from ._endpoint import Endpoint
 from ._model import CaseResult, ClientInfo, Outcome, RunInfo, Target
@@ -61,7 +61,7 @@ class RunPlan:
     client_sets: tuple[ClientSet, ...]
     flavours: tuple[str, ...] = ("py-sync", "py-async", "js")
     match: str = ""  # only cases whose name contains this
-    families: tuple[str, ...] = ("sandbox", "envd")
+    families: tuple[str, ...] = ("sandbox", "envd", "interpreter")
 
 
 def _selected(plan: RunPlan) -> list[tuple[ClientSet, Case, str]]:
@@ -104,10 +104,17 @@ def _run_one(plan: RunPlan, clients: ClientSet, case: Case, flavour: str) -> Cas
         return CaseResult(case.name, info, Outcome.FAIL, time.monotonic() - start, case.operations, detail=detail)
     try:
         case.check(ran.result, runner.work(flavour, case.scenario))
-    except AssertionError as exc:
-        detail = f"check failed: {exc}\nresult: {ran.result}"
+    # A result without a key the check reads (or of another shape) is that case's failure, not the run's.
+    except (AssertionError, LookupError, TypeError, ValueError) as exc:
+        failure = str(exc) if isinstance(exc, AssertionError) else f"{type(exc).__name__}: {exc}"
+        detail = f"check failed: {failure}\nresult: {ran.result}"
         return CaseResult(case.name, info, Outcome.FAIL, ran.duration_s, case.operations, detail, traces=ran.traces)
     return CaseResult(case.name, info, Outcome.PASS, ran.duration_s, case.operations, traces=ran.traces)
+
+
+def templates(selected: list[tuple[ClientSet, Case, str]]) -> str:
+    """The templates the selected cases' sandboxes come from, comma-separated, in first-use order."""
+    return ",".join(dict.fromkeys(FAMILY_TEMPLATES[case.family] for _, case, _ in selected))
 
 
 def _now() -> str:
@@ -135,7 +142,7 @@ def run_cases(plan: RunPlan, *, on_result: Callable[[CaseResult], None] | None =
                 on_result(result)
             progress.advance(task)
     endpoint = plan.endpoint
-    target = Target(endpoint.server, endpoint.domain, endpoint.template, endpoint.backend)
+    target = Target(endpoint.server, endpoint.domain, templates(selected) or endpoint.template, endpoint.backend)
     return RunInfo(
         target=target,
         contract_manifest_sha256=hashlib.sha256(MANIFEST.read_bytes()).hexdigest(),

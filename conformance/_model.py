@@ -66,7 +66,9 @@ class Target:
 
     server: str  # a name for it: "e2b-compat 0.1.0" or what the operator says
     domain: str  # E2B_DOMAIN as the clients got it
-    template: str  # "base", "code-interpreter-v1"
+    # The templates the cases' sandboxes were created from, comma-separated in first-use order:
+    # "base", or "base,code-interpreter-v1" when the interpreter cases ran too.
+    template: str
     backend: str  # isolation backend: "crun", or "unknown" for a foreign endpoint
 
 

@@ -5,6 +5,11 @@ request is None", a dropped stream event as a shorter stdout. These cases send t
 clients send (PROTOCOL.md §2, §4) with httpx and compare the answers field by field, so a failure
 names the request that differed and what came back. They use the same four variables as the
 clients, so they run against any endpoint.
+
+The ``wire/interpreter/…`` cases talk to the code interpreter of a ``code-interpreter-v1`` sandbox
+(port 49999, PROTOCOL.md §8.5, §10) with the headers the interpreter clients send: its health
+route (no client calls it), the NDJSON framing of ``/execute`` that the clients parse line by
+line, and the status codes the clients turn into their exceptions.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ __all__ = ["WIRE_CASES", "WireCase", "WireMismatchError", "run_wire_cases"]
 
 CLIENT = ClientInfo("wire", "httpx", httpx.__version__)
 ENVD_PORT = 49983
+INTERPRETER_PORT = 49999
+INTERPRETER_TEMPLATE = "code-interpreter-v1"
 
 
 class WireMismatchError(AssertionError):
@@ -44,6 +51,9 @@ class Wire:
 
     def envd(self, sandbox_id: str, path: str) -> str:
         return f"https://{ENVD_PORT}-{sandbox_id}.{self.domain}{path}"
+
+    def interpreter(self, sandbox_id: str, path: str) -> str:
+        return f"https://{INTERPRETER_PORT}-{sandbox_id}.{self.domain}{path}"
 
     @property
     def key(self) -> dict[str, str]:
@@ -266,6 +276,93 @@ def envd_http(wire: Wire) -> None:
         wire.expect(wire.http.post(init, json={"accessToken": token}, headers=headers), 204, "the same token again")
 
 
+def _interpreter_headers(created: dict[str, Any]) -> dict[str, str]:
+    """What the Python interpreter client sends besides the body: the envd token when the sandbox
+    has one (upstream's server forwards it to envd) and the traffic token when the edge needs it."""
+    headers = {"Content-Type": "application/json"}
+    if created.get("envdAccessToken"):
+        headers["X-Access-Token"] = created["envdAccessToken"]
+    if created.get("trafficAccessToken"):
+        headers["E2B-Traffic-Access-Token"] = created["trafficAccessToken"]
+    return headers
+
+
+def interpreter_health(wire: Wire) -> None:
+    with wire.sandbox(templateID=INTERPRETER_TEMPLATE, secure=True) as created:
+        url = wire.interpreter(created["sandboxID"], "/health")
+        body = wire.expect(wire.http.get(url, headers=_interpreter_headers(created)), 200)
+        if body != "OK":
+            raise WireMismatchError(f'GET {url}: the body is {body!r}, not the JSON string "OK"')
+
+
+# Result and output lines come after the kernel accepted the input (number_of_executions).
+_AFTER_ACCEPTANCE = ("stdout", "stderr", "result", "error")
+
+
+def _ndjson_lines(url: str, body: bytes) -> list[dict[str, Any]]:
+    """Every line of an ``/execute`` answer as an object: ``\n``-terminated, no blank lines, each a JSON object."""
+    if not body.endswith(b"\n"):
+        raise WireMismatchError(f"POST {url}: the answer does not end with a newline: {body[-80:]!r}")
+    messages = []
+    for number, line in enumerate(body[:-1].split(b"\n"), start=1):
+        try:
+            message = json.loads(line)
+        except ValueError:
+            raise WireMismatchError(f"POST {url}: line {number} is not JSON: {line[:200]!r}") from None
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+            raise WireMismatchError(f"POST {url}: line {number} is not an object with a type: {line[:200]!r}")
+        messages.append(message)
+    return messages
+
+
+def interpreter_execute_ndjson(wire: Wire) -> None:
+    with wire.sandbox(templateID=INTERPRETER_TEMPLATE, secure=True) as created:
+        url = wire.interpreter(created["sandboxID"], "/execute")
+        body = {"code": 'print("out")\n1+1', "context_id": None, "language": None, "env_vars": None}
+        response = wire.http.post(url, json=body, headers=_interpreter_headers(created))
+        wire.expect(response, 200)
+        messages = _ndjson_lines(url, response.content)
+        types = [message["type"] for message in messages]
+        if types[-1:] != ["end_of_execution"] or types.count("end_of_execution") != 1:
+            raise WireMismatchError(f"POST {url}: end_of_execution is not the one last line: {types}")
+        counted = [i for i, kind in enumerate(types) if kind == "number_of_executions"]
+        produced = [i for i, kind in enumerate(types) if kind in _AFTER_ACCEPTANCE]
+        if len(counted) != 1 or not isinstance(messages[counted[0]].get("execution_count"), int):
+            raise WireMismatchError(f"POST {url}: not one number_of_executions with an execution_count: {messages}")
+        if produced and produced[0] < counted[0]:
+            raise WireMismatchError(f"POST {url}: output came before number_of_executions: {types}")
+        stdout = [m for m in messages if m["type"] == "stdout"]
+        # The Python client reads both text and timestamp of every stdout/stderr line.
+        if [m.get("text") for m in stdout] != ["out\n"] or not all(isinstance(m.get("timestamp"), str) for m in stdout):
+            raise WireMismatchError(f"POST {url}: stdout lines {stdout}, expected one 'out\\n' with a timestamp")
+        results = [m for m in messages if m["type"] == "result"]
+        if [(m.get("text"), m.get("is_main_result")) for m in results] != [("2", True)]:
+            raise WireMismatchError(f"POST {url}: results {results}, expected one main result '2'")
+
+
+def interpreter_statuses(wire: Wire) -> None:
+    """The refusals the clients map to their exceptions: 400 for context and language together, 404 unknown."""
+    with wire.sandbox(templateID=INTERPRETER_TEMPLATE, secure=True) as created:
+        sandbox_id, headers = created["sandboxID"], _interpreter_headers(created)
+        contexts = wire.expect(wire.http.get(wire.interpreter(sandbox_id, "/contexts"), headers=headers), 200)
+        if not isinstance(contexts, list) or not all(
+            isinstance(c, dict) and {"id", "language", "cwd"} <= set(c) for c in contexts
+        ):
+            raise WireMismatchError(f"GET {wire.interpreter(sandbox_id, '/contexts')}: {contexts!r}")
+        python = [c["id"] for c in contexts if c["language"] == "python"]
+        if not python:
+            raise WireMismatchError(f"GET {wire.interpreter(sandbox_id, '/contexts')}: no python context: {contexts}")
+        execute = wire.interpreter(sandbox_id, "/execute")
+        both = {"code": "1", "context_id": python[0], "language": "python"}
+        wire.expect(wire.http.post(execute, json=both, headers=headers), 400, "context_id and language together")
+        unknown = {"code": "1", "context_id": "no-such-context"}
+        wire.expect(wire.http.post(execute, json=unknown, headers=headers), 404, "an unknown context")
+        remove = wire.interpreter(sandbox_id, "/contexts/no-such-context")
+        wire.expect(wire.http.delete(remove, headers=headers), 404, "removing an unknown context")
+        restart = wire.interpreter(sandbox_id, "/contexts/no-such-context/restart")
+        wire.expect(wire.http.post(restart, headers=headers), 404, "restarting an unknown context")
+
+
 @dataclass(frozen=True)
 class WireCase:
     name: str
@@ -302,6 +399,19 @@ WIRE_CASES: tuple[WireCase, ...] = (
         control_extras,
     ),
     WireCase("wire/envd/http-routes", (*LIFE, "envd.http.envs", "envd.http.metrics", "envd.http.init"), envd_http),
+    WireCase("wire/interpreter/health", (*LIFE, "interpreter.health"), interpreter_health),
+    WireCase("wire/interpreter/execute-ndjson", (*LIFE, "interpreter.execute"), interpreter_execute_ndjson),
+    WireCase(
+        "wire/interpreter/statuses",
+        (
+            *LIFE,
+            "interpreter.contexts.list",
+            "interpreter.execute",
+            "interpreter.contexts.remove",
+            "interpreter.contexts.restart",
+        ),
+        interpreter_statuses,
+    ),
 )
 
 

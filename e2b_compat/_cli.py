@@ -93,11 +93,23 @@ def _template_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _template_lock_kernels(args: argparse.Namespace) -> int:
+    from runtime.templates import TemplateError, write_kernel_lock  # noqa: PLC0415
+
+    try:
+        path = write_kernel_lock()
+    except TemplateError as exc:
+        print(f"e2b-compat: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {path}")
+    return 0
+
+
 def _template_list(args: argparse.Namespace) -> int:
     from runtime.templates import list_templates  # noqa: PLC0415
 
     for template in list_templates(args.cache):
-        print(f"{template.name:6} {template.key[:16]}  {template.path}")
+        print(f"{template.name:19} {template.key[:16]}  {template.path}")
     return 0
 
 
@@ -369,9 +381,13 @@ def build_parser() -> argparse.ArgumentParser:
     template.add_argument("--cache", type=Path, default=None, help="cache folder (default: as for contract)")
     template_actions = template.add_subparsers(dest="action", required=True, metavar="ACTION")
     build = template_actions.add_parser("build", help="build a template ahead of time (cached by content)")
-    build.add_argument("name", nargs="?", default="base", choices=["base", "os"])
+    build.add_argument("name", nargs="?", default="base", choices=["base", "code-interpreter-v1", "os"])
     build.set_defaults(func=_template_build)
     template_actions.add_parser("list", help="list the built templates").set_defaults(func=_template_list)
+    template_actions.add_parser(
+        "lock-kernels",
+        help="re-resolve runtime/templates/kernels.in into the hashed lock for this python and machine",
+    ).set_defaults(func=_template_lock_kernels)
 
     serve = groups.add_parser(
         "serve",

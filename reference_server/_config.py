@@ -91,6 +91,9 @@ class ServerConfig:
     hosts: tuple[str, ...] = _setting(("127.0.0.1", "::1"), "IP addresses the edge listens on.")
     backend: str = _setting("crun", f"Sandbox backend: {', '.join(BACKENDS)}.")
     default_template: str = _setting("base", "Template of a create request that names none.")
+    templates: tuple[str, ...] = _setting(
+        ("base", "code-interpreter-v1"), "Templates built (or found in the cache) at start and served."
+    )
     owner: str = _setting("default", "Owner of the API key made on first start.")
     cpu_count: int = _setting(2, "vCPUs of a sandbox.")
     memory_mb: int = _setting(512, "Memory of a sandbox, MiB.")
@@ -219,6 +222,18 @@ def _check_template(value: object) -> str:
     return value
 
 
+def _check_templates(value: object) -> tuple[str, ...]:
+    if not isinstance(value, tuple | list):
+        raise ValueError(f"expected a list of template names, got {type(value).__name__} {value!r}")
+    names: list[str] = []
+    for name in value:
+        checked = _check_template(name)
+        if checked in names:
+            raise ValueError(f"{name!r} is listed twice")
+        names.append(checked)
+    return tuple(names)
+
+
 def _check_owner(value: object) -> str:
     _check_type(value, str)
     assert isinstance(value, str)
@@ -238,6 +253,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "hosts": _check_hosts,
     "backend": _one_of(BACKENDS),
     "default_template": _check_template,
+    "templates": _check_templates,
     "owner": _check_owner,
     "cpu_count": _int_in(1, 1024),
     "memory_mb": _int_in(64, 4 * 1024 * 1024),
@@ -254,6 +270,7 @@ _FIELD_TYPES: dict[str, str] = {
     "hosts": "list",
     "backend": "str",
     "default_template": "str",
+    "templates": "list",
     "owner": "str",
     "cpu_count": "int",
     "memory_mb": "int",

@@ -143,7 +143,7 @@ async def open_server(
         settings = ServiceSettings(
             domain=_public_domain(config),
             envd_version=ENVD_VERSION,
-            templates=frozenset({config.default_template}),
+            templates=frozenset({config.default_template, *config.templates}),
             cpu_count=config.cpu_count,
             memory_mb=config.memory_mb,
             max_timeout_s=config.max_timeout_seconds,
@@ -265,12 +265,15 @@ def ensure_templates(config: ServerConfig, say: Callable[[str], None]) -> list[T
     """Build (or find) the templates the server offers, before it listens."""
     from runtime.templates import TemplateError, ensure_template  # noqa: PLC0415
 
-    try:
-        template = ensure_template(config.default_template)
-    except TemplateError as exc:
-        raise ServerStartError(f"template {config.default_template}: {exc}") from None
-    say(f"template {template.name}: {template.key[:16]}")
-    return [template]
+    built = []
+    for name in dict.fromkeys((config.default_template, *config.templates)):
+        try:
+            template = ensure_template(name)
+        except TemplateError as exc:
+            raise ServerStartError(f"template {name}: {exc}") from None
+        say(f"template {template.name}: {template.key[:16]}")
+        built.append(template)
+    return built
 
 
 def serve(config: ServerConfig, say: Callable[[str], None] | None = None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ._server import DEFAULT_HOSTS, DEFAULT_PORT, serve
+from ._services import parse_service
 
 
 def build_parser(prog: str = "python -m runtime.agent") -> argparse.ArgumentParser:
@@ -19,12 +20,32 @@ def build_parser(prog: str = "python -m runtime.agent") -> argparse.ArgumentPars
     )
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--default-user", default=None, help="user for requests that name none (envd default: root)")
+    parser.add_argument(
+        "--service",
+        action="append",
+        dest="services",
+        default=[],
+        metavar="PORT=COMMAND",
+        help="a template service to start before serving, ready once PORT accepts connections; repeatable",
+    )
+    parser.add_argument("--service-user", default=None, help="user the services run as (default: the agent's)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    serve(tuple(args.hosts or DEFAULT_HOSTS), args.port, default_user=args.default_user)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        services = tuple(parse_service(text) for text in args.services)
+    except ValueError as exc:
+        parser.error(str(exc))
+    serve(
+        tuple(args.hosts or DEFAULT_HOSTS),
+        args.port,
+        default_user=args.default_user,
+        services=services,
+        service_user=args.service_user,
+    )
 
 
 if __name__ == "__main__":

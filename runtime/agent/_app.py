@@ -28,6 +28,7 @@ from ._filesystem_service import FilesystemService
 from ._metrics import MetricsCollector
 from ._process_service import ProcessService
 from ._processes import ProcessTable
+from ._services import ServiceSet
 from ._state import AgentState, UserError, basic_user
 from ._validation import RequestValidation, input_types
 
@@ -91,14 +92,22 @@ class AgentApp:
         await self._routes(scope, receive, send)
 
 
-def create_app(state: AgentState | None = None, metrics: MetricsCollector | None = None) -> ASGIApp:
+def create_app(
+    state: AgentState | None = None, metrics: MetricsCollector | None = None, services: ServiceSet | None = None
+) -> ASGIApp:
     state = state or AgentState()
     table = ProcessTable()
     filesystem = FilesystemService(state)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # uvicorn listens only after start-up, so the template's services are up before
+        # the runtime's health probe can succeed (see _services).
+        if services is not None:
+            await services.start()
         yield
+        if services is not None:
+            await services.stop()
         await filesystem.shutdown()
         await table.shutdown()
 

@@ -9,6 +9,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ._app import create_app
+from ._services import Service, ServiceSet
 from ._state import AgentState
 
 DEFAULT_HOSTS = ("0.0.0.0",)  # noqa: S104 - inside a sandbox the agent must be reachable from the host
@@ -48,15 +49,19 @@ def serve(
     port: int = DEFAULT_PORT,
     *,
     default_user: str | None = None,
+    services: tuple[Service, ...] = (),
+    service_user: str | None = None,
     log_level: str = "warning",
 ) -> None:
     """Listen on every host address given (for local debugging: 127.0.0.1 and ::1, because
-    Node resolves ``localhost`` to ::1 first) and serve until interrupted."""
+    Node resolves ``localhost`` to ::1 first) and serve until interrupted.
+
+    ``services`` are started as ``service_user`` before the agent listens (``_services``)."""
     state = AgentState()
     if default_user:
         state.default_user = default_user
     config = uvicorn.Config(
-        create_app(state),
+        create_app(state, services=ServiceSet(services, service_user) if services else None),
         http=NoDelayH11Protocol,
         lifespan="on",
         timeout_keep_alive=KEEPALIVE_S,

@@ -6,6 +6,8 @@ installed from locally built wheels, a minute or two) happens once per content k
 is cached; see ``_build`` for the cache layout and ``_keys`` for what decides a key.
 
 - ``ensure_template("base")`` returns the agent's template, building it if absent;
+  ``ensure_template("code-interpreter-v1")`` the same plus Jupyter kernels and the
+  interpreter server on port 49999 (its kernels' wheels are locked in ``kernels.*.lock``);
 - ``list_templates()`` lists the finished templates in the cache;
 - a build reports progress as ``ProgressEvent`` values to any ``Progress`` callable.
 
@@ -18,12 +20,14 @@ from __future__ import annotations
 
 from ._build import TEMPLATE_NAMES, Template, ensure_template, list_templates, prune_templates, templates_dir
 from ._commands import TemplateError
-from ._keys import AGENT_COMMAND, base_layer_key, os_layer_key
+from ._kernels import write_lock as write_kernel_lock
+from ._keys import AGENT_COMMAND, INTERPRETER_TEMPLATE, base_layer_key, os_layer_key
 from ._mirror import Mirror, find_debian_mirror
 from ._progress import PlainProgress, Progress, ProgressEvent, RichProgress, default_progress
 
 __all__ = [
     "AGENT_COMMAND",
+    "INTERPRETER_TEMPLATE",
     "TEMPLATE_NAMES",
     "Mirror",
     "PlainProgress",
@@ -40,4 +44,5 @@ __all__ = [
     "os_layer_key",
     "prune_templates",
     "templates_dir",
+    "write_kernel_lock",
 ]

@@ -8,7 +8,9 @@ of its overlay. Cache layout::
     <cache>/templates/.lock                             held while building
 
 ``os`` is a debootstrap of bookworm plus the sandbox user; ``base`` is a copy of it plus
-the agent in ``/opt/e2b-compat/venv`` (see ``_keys`` for what decides each key). A
+the agent in ``/opt/e2b-compat/venv``; ``code-interpreter-v1`` is a copy of ``base`` plus
+the kernels' locked environment in ``/opt/e2b-compat/kernel`` (``_kernels``), and its agent
+starts the interpreter server (see ``_keys`` for what decides each key). A
 template is built in ``.<name>-<key16>.build-XXXX/`` beside its final place and renamed
 into it as the last step, so a folder under its final name is complete and is reused as
 it is. Builds take an exclusive lock, so concurrent callers wait and then reuse the
@@ -33,14 +35,14 @@ from pathlib import Path
 
 from contract import default_cache_root
 
-from . import _keys
-from ._commands import TemplateError, disk_usage, in_root, remove_tree, replace_file, run
+from . import _kernels, _keys
+from ._commands import CHROOT_ENV, TemplateError, disk_usage, in_root, remove_tree, replace_file, run
 from ._mirror import Mirror, find_debian_mirror
 from ._progress import Progress, ProgressEvent, default_progress, step
 
 __all__ = ["METADATA", "TEMPLATE_NAMES", "Template", "ensure_template", "list_templates", "templates_dir"]
 
-TEMPLATE_NAMES = ("os", "base")
+TEMPLATE_NAMES = ("os", "base", _keys.INTERPRETER_TEMPLATE)
 METADATA = "template.json"
 FORMAT = 1
 # Where the wheelhouse sits inside the rootfs while the agent is installed from it.
@@ -61,7 +63,7 @@ class Template:
     agent_command: tuple[str, ...]
 
 
-KEEP_BASE_TEMPLATES = 3
+KEEP_TEMPLATES = 3  # of each name built from the sources
 
 
 def templates_dir(cache_root: Path | None = None) -> Path:
@@ -258,6 +260,39 @@ def _build_base(tmp: Path, os_layer: Template, tree: _keys.SourceTree, progress:
     return {"from": os_layer.path.name, "wheels": wheels}
 
 
+# --- the code-interpreter-v1 layer ---
+
+# Imported as the sandbox user, which also leaves matplotlib's font cache in the user's
+# home: without it the first plot in every new sandbox would spend seconds building it.
+_KERNEL_CHECK = "import ipykernel, bash_kernel, numpy, pandas, PIL, e2b_charts, matplotlib.pyplot"
+_SERVER_CHECK = "import runtime.interpreter, jupyter_client"
+
+
+def _build_interpreter(tmp: Path, base: Template, wheelhouse: Path, progress: Progress) -> dict[str, object]:
+    rootfs = tmp / "rootfs"
+    venv = _keys.KERNEL_VENV
+    with step(progress, f"copying {base.path.name}"):
+        run(["cp", "-a", "--reflink=auto", str(base.rootfs), str(rootfs)], "copying the base layer")
+    with step(progress, f"creating {venv} with the rootfs python"):
+        in_root(rootfs, ["python3", "-m", "venv", venv], "creating the kernels' virtualenv")
+    inside = rootfs / _WHEELHOUSE.lstrip("/")
+    shutil.copytree(wheelhouse, inside)
+    wheels = sorted(path.name for path in inside.glob("*.whl"))
+    with step(progress, f"installing {len(wheels)} locked wheels into {venv} (--require-hashes)") as out:
+        install = [f"{venv}/bin/pip", "install", "--no-index", "--find-links", _WHEELHOUSE, "--require-hashes"]
+        flags = ["--only-binary=:all:", "--no-cache-dir", "--no-input", "--disable-pip-version-check"]
+        lock = f"{_WHEELHOUSE}/kernels.lock"
+        in_root(rootfs, [*install, *flags, "-r", lock], "pip install of the kernels' lock", detail=out)
+        shutil.rmtree(inside)
+    owner = f"{_keys.USER_ID}:{_keys.USER_ID}"
+    with step(progress, f"handing {venv} to {_keys.USER!r}; importing the kernels' packages as it"):
+        run(["chown", "-R", "--no-dereference", owner, str(rootfs / venv.lstrip("/"))], "chown of the kernels' venv")
+        as_user = ["chroot", f"--userspec={owner}", str(rootfs), f"{venv}/bin/python", "-c", _KERNEL_CHECK]
+        run(as_user, "importing the kernels' packages", env={**CHROOT_ENV, "HOME": _keys.USER_HOME})
+        in_root(rootfs, [f"{_keys.VENV}/bin/python", "-c", _SERVER_CHECK], "importing the interpreter server")
+    return {"from": base.path.name, "kernel_wheels": wheels}
+
+
 # --- entry point ---
 
 
@@ -268,9 +303,11 @@ def ensure_template(
     repo: Path | None = None,
     progress: Progress | None = None,
 ) -> Template:
-    """The template ``name`` (``"base"``: the agent's template; ``"os"``: the bare layer), built if absent.
+    """The template ``name``, built (with the layers below it) if absent.
 
-    ``repo`` is the e2b-compat checkout whose code goes into ``base`` (default: the one
+    ``"base"`` is the agent's template, ``"code-interpreter-v1"`` adds the Jupyter kernels
+    and the interpreter server, ``"os"`` is the bare layer under both. ``repo`` is the
+    e2b-compat checkout whose code goes into the agent (default: the one
     this package runs from). ``progress`` receives the build's events (default: a spinner
     on a terminal, ``step:`` lines otherwise). Raises ``TemplateError``.
     """
@@ -280,8 +317,12 @@ def ensure_template(
     root = templates_dir(cache_root)
     recipe_os = _keys.os_recipe()
     key_os = _keys.recipe_key(recipe_os)
-    tree = _keys.read_source_tree(repo if repo is not None else _default_repo()) if name == "base" else None
-    recipe = recipe_os if tree is None else _keys.base_recipe(key_os, tree)
+    tree = _keys.read_source_tree(repo if repo is not None else _default_repo()) if name != "os" else None
+    recipe_base = None if tree is None else _keys.base_recipe(key_os, tree)
+    recipe = recipe_os if recipe_base is None else recipe_base
+    lock = _kernels.read_lock() if name == _keys.INTERPRETER_TEMPLATE else None
+    if recipe_base is not None and lock is not None:
+        recipe = _keys.interpreter_recipe(_keys.recipe_key(recipe_base), lock)
     key = _keys.recipe_key(recipe)
     cached = _load(root / f"{name}-{key[:16]}")
     if cached is not None:
@@ -297,18 +338,28 @@ def ensure_template(
             root, "os", key_os, recipe=recipe_os, agent_command=(), build=lambda tmp: _build_os(tmp, recipe_os, report)
         )
         template = os_layer
-        if tree is not None:
-            template = _materialize(
+        if tree is not None and recipe_base is not None:
+            base = template = _materialize(
                 root,
                 "base",
-                key,
-                recipe=recipe,
+                _keys.recipe_key(recipe_base),
+                recipe=recipe_base,
                 agent_command=_keys.AGENT_COMMAND,
                 build=lambda tmp: _build_base(tmp, os_layer, tree, report),
             )
+            if lock is not None:
+                wheelhouse = _kernels.ensure_wheelhouse(root.parent, lock)
+                template = _materialize(
+                    root,
+                    name,
+                    key,
+                    recipe=recipe,
+                    agent_command=_keys.INTERPRETER_AGENT_COMMAND,
+                    build=lambda tmp: _build_interpreter(tmp, base, wheelhouse, report),
+                )
     report(ProgressEvent(f"template {template.path.name} ready in {time.monotonic() - started:.1f} s", "note"))
     if tree is not None:
-        for pruned in prune_templates(cache_root, keep=KEEP_BASE_TEMPLATES):
+        for pruned in prune_templates(cache_root, keep=KEEP_TEMPLATES):
             report(ProgressEvent(f"removed the unused older template {pruned.name}", "note"))
     return template
 
@@ -323,15 +374,19 @@ def _in_use(template: Template) -> bool:
 
 
 def prune_templates(cache_root: Path | None = None, *, keep: int) -> list[Path]:
-    """Remove all but the ``keep`` newest ``base`` templates, skipping any still mounted.
+    """Remove all but the ``keep`` newest templates of each name built from the sources.
 
-    Every code change gives a new base template (~360 MB), so without pruning the cache
-    only grows. The ``os`` layer is kept: it rarely changes and is the slow one to build.
+    Every code change gives a new ``base`` (~360 MB) and ``code-interpreter-v1`` (~700 MB),
+    so without pruning the cache only grows. Templates still mounted are skipped. The
+    ``os`` layer is kept: it rarely changes and is the slow one to build.
     """
-    bases = [t for t in list_templates(cache_root) if t.name == "base"]
-    bases.sort(key=lambda t: (t.path / METADATA).stat().st_mtime, reverse=True)
+    doomed_ones: list[Template] = []
+    for name in TEMPLATE_NAMES[1:]:
+        built = [t for t in list_templates(cache_root) if t.name == name]
+        built.sort(key=lambda t: (t.path / METADATA).stat().st_mtime, reverse=True)
+        doomed_ones.extend(built[keep:])
     removed = []
-    for template in bases[keep:]:
+    for template in doomed_ones:
         if _in_use(template):
             continue
         doomed = template.path.with_name(f".{template.path.name}.prune")

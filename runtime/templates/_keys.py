@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import platform
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ __all__ = [
     "base_layer_key",
     "base_recipe",
     "debian_arch",
+    "interpreter_recipe",
     "os_layer_key",
     "os_recipe",
     "read_source_tree",
@@ -38,6 +40,7 @@ __all__ = [
 # Bump when a build step changes what ends up in the layer without changing its inputs.
 OS_RECIPE_VERSION = 1
 BASE_RECIPE_VERSION = 1
+INTERPRETER_RECIPE_VERSION = 1
 
 SUITE = "bookworm"
 VARIANT = "minbase"
@@ -65,6 +68,31 @@ DISTRIBUTION = "e2b-compat"
 AGENT_PORT = 49983
 # In a sandbox the agent listens on every address of the sandbox's own network namespace.
 AGENT_COMMAND = (f"{VENV}/bin/python", "-m", "runtime.agent", "--host", "0.0.0.0", "--port", str(AGENT_PORT))  # noqa: S104
+
+# code-interpreter-v1: the kernels' own environment (``_kernels``), owned by the sandbox user so
+# that ``pip install`` from a kernel works as it does upstream, and the interpreter server,
+# which the agent starts as the sandbox user before it serves (``runtime.agent._services``).
+INTERPRETER_TEMPLATE = "code-interpreter-v1"
+KERNEL_VENV = "/opt/e2b-compat/kernel"
+INTERPRETER_PORT = 49999
+INTERPRETER_COMMAND = (
+    f"{VENV}/bin/python",
+    "-m",
+    "runtime.interpreter",
+    "--host",
+    "0.0.0.0",  # noqa: S104 (the sandbox's own network namespace)
+    "--port",
+    str(INTERPRETER_PORT),
+    "--kernel-python",
+    f"{KERNEL_VENV}/bin/python",
+)
+INTERPRETER_AGENT_COMMAND = (
+    *AGENT_COMMAND,
+    "--service",
+    f"{INTERPRETER_PORT}={shlex.join(INTERPRETER_COMMAND)}",
+    "--service-user",
+    USER,
+)
 
 # The package folders of the distribution (pyproject ``packages.find``); their files are the key.
 PACKAGE_DIRS = ("contract", "runtime", "conformance", "reference_server", "e2b_compat", "benchmarks")
@@ -172,3 +200,15 @@ def base_recipe(os_key: str, tree: SourceTree) -> dict[str, object]:
 def base_layer_key(os_key: str, repo: Path) -> str:
     """The key of the ``base`` template built from ``repo`` on the ``os`` layer ``os_key``."""
     return recipe_key(base_recipe(os_key, read_source_tree(repo)))
+
+
+def interpreter_recipe(base_key: str, lock: bytes) -> dict[str, object]:
+    """``code-interpreter-v1``'s recipe: the ``base`` layer it copies and the kernels' lock."""
+    return {
+        "layer": INTERPRETER_TEMPLATE,
+        "version": INTERPRETER_RECIPE_VERSION,
+        "base_key": base_key,
+        "kernel_venv": KERNEL_VENV,
+        "kernel_lock_sha256": hashlib.sha256(lock).hexdigest(),
+        "agent_command": list(INTERPRETER_AGENT_COMMAND),
+    }

@@ -44,9 +44,13 @@ def test_committed_policy_names_sdk_operations_for_the_flavours_that_call_them()
                 if flavour == "js":
                     assert op.js_entry_points, op_id
                 else:
-                    module = {"py-sync": "sandbox_sync", "py-async": "sandbox_async"}[flavour]
+                    # e2b's sandbox modules, or e2b_code_interpreter's for the interpreter operations
+                    modules = {
+                        "py-sync": (".sandbox_sync.", ".code_interpreter_sync."),
+                        "py-async": (".sandbox_async.", ".code_interpreter_async."),
+                    }[flavour]
                     # envd HTTP helpers are shared by both Python flavours; the rest name the flavour's module
-                    assert any(module in ep or ".envd." in ep for ep in op.python_entry_points), (op_id, flavour)
+                    assert any(m in ep for ep in op.python_entry_points for m in (*modules, ".envd.")), (op_id, flavour)
 
 
 def test_committed_policy_covers_lifecycle_processes_and_filesystem() -> None:
@@ -56,6 +60,21 @@ def test_committed_policy_covers_lifecycle_processes_and_filesystem() -> None:
     assert {op.id for op in INVENTORY if op.id.startswith("envd.filesystem.") and op.called_by_sdk} <= required
     assert ("envd.filesystem.CreateWatcher", "js") not in POLICY.required  # JS streams instead of polling
     assert ("envd.filesystem.WatchDir", "py-sync") not in POLICY.required
+
+
+def test_committed_policy_requires_the_interpreter_calls_of_every_client() -> None:
+    called = {op.id for op in INVENTORY if op.surface == "interpreter" and op.called_by_sdk}
+    assert called == {
+        "interpreter.execute",
+        "interpreter.contexts.create",
+        "interpreter.contexts.list",
+        "interpreter.contexts.remove",
+        "interpreter.contexts.restart",
+    }
+    for flavour in ("py-sync", "py-async", "js"):
+        assert {op for op, f in POLICY.required if f == flavour and op.startswith("interpreter.")} == called
+    # No client calls /health, so no client flavour can make it green; a wire case covers it.
+    assert not any(op == "interpreter.health" for op, _ in POLICY.required)
 
 
 def test_the_policy_digest_is_of_the_file() -> None:

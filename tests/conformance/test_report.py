@@ -462,5 +462,12 @@ def test_default_folder_names_are_safe_and_in_utc() -> None:
         default_report_directory(dataclasses.replace(MIXED, started_at="2026-05-09T07:35:25"))
 
 
+def test_a_run_over_two_templates_names_both() -> None:
+    target = Target(server="x", domain="d", template="base,code-interpreter-v1", backend="crun")
+    run = dataclasses.replace(MIXED, started_at="2026-05-09T07:35:25Z", target=target)
+    assert default_report_directory(run).name == "20260509T073525Z-crun-base_code-interpreter-v1"
+    assert "template: base,code-interpreter-v1;" in to_markdown(run, coverage(run.results, INVENTORY), gate_of(run))
+
+
 def test_operation_ids_used_here_exist() -> None:
     assert {op for r in MIXED.results for op in r.operations} <= {op.id for op in INVENTORY}

@@ -1,0 +1,129 @@
+"""Benchmark of the code interpreter through the reference server, against floors from the same run.
+
+The pinned official Python clients (``e2b_code_interpreter`` and ``e2b``), configured only by the
+variables the server prints, run ``interpreter_client.py`` on a real server (TLS edge, crun
+sandboxes of ``code-interpreter-v1`` and ``base``):
+
+- first-run latency: ``Sandbox.create()`` → first ``run_code("1+1")`` result, over ``--sandboxes``
+  sandboxes; floor: ``base`` ``Sandbox.create()`` → first ``commands.run("true")``, interleaved;
+- warm round trip: p50/p90 of ``--runs`` ``run_code("1+1")`` on one sandbox; floor:
+  ``commands.run("true")`` on the same sandbox (envd, the same edge and network path), interleaved.
+
+Prints p50/p90 and the ratios to the floors, writes JSON. Nothing is asserted. Counts are capped
+and the client run has a time budget; every sandbox is killed by the client, and whatever the
+server's runtime still holds after it stopped is released.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from conformance._clients import ensure_python_clients
+from conformance._endpoint import EndpointError, ManagedServer
+
+from .server import _quantiles
+
+HERE = Path(__file__).parent
+REPO = HERE.parent
+MAX_SANDBOXES = 50  # each is two creates (interpreter and base): bounded so a typo cannot run for hours
+MAX_RUNS = 500
+# Beyond the sampling budget: the untimed warm-up creates (the client allows a first one 1800 s for
+# a template build) and the last sandboxes' teardown.
+CLIENT_MARGIN_S = 2400
+
+FIRST = "interpreter: create -> first run_code('1+1')"
+FIRST_FLOOR = "floor: base create -> first commands.run('true')"
+WARM = "interpreter: warm run_code('1+1')"
+WARM_FLOOR = "floor: warm commands.run('true'), same sandbox"
+
+
+def _bounded(value: int, limit: int, what: str) -> int:
+    if not 1 <= value <= limit:
+        raise SystemExit(f"--{what} must be between 1 and {limit}")
+    return value
+
+
+def _client_run(server: ManagedServer, sandboxes: int, runs: int, budget_s: float) -> dict[str, Any]:
+    clients = ensure_python_clients()
+    out = subprocess.run(
+        [str(clients.python), "-I", str(HERE / "interpreter_client.py"), str(sandboxes), str(runs), str(budget_s)],
+        env=server.clients_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=budget_s + CLIENT_MARGIN_S,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"client run failed:\n{out.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.splitlines()[-1])
+    return result
+
+
+def run(sandboxes: int, runs: int, budget_s: float) -> dict[str, Any]:
+    # Not under a private temp root: idmapped sandbox users must traverse to their layers.
+    data_dir = Path(tempfile.mkdtemp(prefix="e2b-compat-bench-interpreter-", dir="/var/tmp"))
+    data_dir.chmod(0o755)
+    server = ManagedServer(data_dir, data_dir.with_suffix(".log"))
+    print(f"server log: {server.log}")
+    try:
+        try:
+            server.start()
+        except EndpointError as exc:
+            raise SystemExit(str(exc)) from exc
+        try:
+            client = _client_run(server, sandboxes, runs, budget_s)
+        finally:
+            server.stop()
+            server.release_everything()  # anything a failed client run left behind
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    samples: dict[str, list[float]] = client["samples"]
+    if not samples["interpreter_total"] or not samples["warm_run_code"]:
+        raise SystemExit(f"no samples within the budget: {client['done']}")
+    report: dict[str, Any] = {
+        "interpreter: create": _quantiles(samples["interpreter_create"]),
+        "interpreter: first run_code after create": _quantiles(samples["interpreter_first_run"]),
+        FIRST: _quantiles(samples["interpreter_total"]),
+        FIRST_FLOOR: _quantiles(samples["base_total"]),
+        WARM: _quantiles(samples["warm_run_code"]),
+        WARM_FLOOR: _quantiles(samples["warm_commands_run"]),
+    }
+    report[f"ratio: {FIRST} / floor (p50)"] = {"ratio": report[FIRST]["p50_ms"] / report[FIRST_FLOOR]["p50_ms"]}
+    report[f"ratio: {WARM} / floor (p50)"] = {"ratio": report[WARM]["p50_ms"] / report[WARM_FLOOR]["p50_ms"]}
+    report["done"] = client["done"]
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sandboxes", type=int, default=10, help=f"first-run samples (1..{MAX_SANDBOXES})")
+    parser.add_argument("--runs", type=int, default=30, help=f"warm round-trip samples (1..{MAX_RUNS})")
+    parser.add_argument("--budget-seconds", type=float, default=900, help="stop sampling after this long")
+    parser.add_argument("--output", type=Path, default=REPO / "reports" / "bench" / "interpreter.json")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("the interpreter benchmark runs real crun sandboxes: it needs root")
+    sandboxes = _bounded(args.sandboxes, MAX_SANDBOXES, "sandboxes")
+    runs = _bounded(args.runs, MAX_RUNS, "runs")
+    report = run(sandboxes, runs, args.budget_seconds)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    for name, values in report.items():
+        if name == "done":
+            print(f"{'done':55} {values}")
+        elif "ratio" in values:
+            print(f"{name:55} {values['ratio']:8.2f}")
+        else:
+            print(f"{name:55} p50 {values['p50_ms']:8.1f} ms   p90 {values['p90_ms']:8.1f} ms   n={values['n']}")
+    print(f"written to {args.output}")
+
+
+if __name__ == "__main__":
+    main()

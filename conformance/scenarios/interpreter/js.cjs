@@ -1,0 +1,294 @@
+// Code-interpreter scenarios for the official JS interpreter client (@e2b/code-interpreter on npm).
+// Run as `node js.cjs <scenario> <workdir>` with NODE_PATH at the pinned clients' node_modules, so
+// only the official packages resolve, and with only E2B_API_KEY, E2B_DOMAIN, SSL_CERT_FILE and
+// NODE_EXTRA_CA_CERTS set. main() creates the scenario's sandbox with Sandbox.create() (default
+// template code-interpreter-v1; a scenario may add create options), kills it in `finally` and
+// prints the scenario's JSON object; the scenario names and result keys are those of py_sync.py.
+// The working folder argument is not used: the kernels choose their own folders.
+'use strict'
+
+// The package's CommonJS build exports Sandbox plus everything of `e2b` (the error classes);
+// Result, Execution and ChartType, though declared in its types, are not runtime exports.
+const { Sandbox, NotFoundError, SandboxError, TimeoutError } = require('@e2b/code-interpreter')
+
+// The languages the project's code-interpreter-v1 template has no kernel for.
+const UNSUPPORTED_LANGUAGES = ['r', 'java', 'javascript', 'typescript']
+
+let current = ''
+function trace(stage) {
+  process.stderr.write(`js:${current}:${stage}\n`)
+}
+
+// The client hands the chart over as the server sent it (no typed classes at run time).
+function chartOf(chart) {
+  if (!chart) return null
+  return {
+    class: null,
+    type: chart.type ?? null,
+    title: chart.title ?? null,
+    x_label: chart.x_label ?? null,
+    y_label: chart.y_label ?? null,
+    elements: (chart.elements ?? []).map((e) => (e.points ? { label: e.label, points: e.points } : { label: e.label ?? null })),
+  }
+}
+
+function resultOf(r) {
+  return {
+    text: r.text ?? null,
+    html: r.html ?? null,
+    markdown: r.markdown ?? null,
+    png_head: r.png ? Buffer.from(r.png, 'base64').subarray(0, 8).toString('hex') : null,
+    chart: chartOf(r.chart),
+    is_main_result: r.isMainResult ?? null,
+    formats: r.formats(),
+  }
+}
+
+function errorOf(error) {
+  return error ? { name: error.name, value: error.value, traceback: error.traceback } : null
+}
+
+function executionOf(execution) {
+  return {
+    text: execution.text ?? null,
+    results: execution.results.map(resultOf),
+    stdout: execution.logs.stdout,
+    stderr: execution.logs.stderr,
+    error: errorOf(execution.error),
+    execution_count: execution.executionCount ?? null,
+  }
+}
+
+const PLOT = [
+  'import matplotlib.pyplot as plt',
+  'plt.plot([1, 2, 3], [1, 4, 9], label="squares")',
+  'plt.title("Squares")',
+  'plt.xlabel("x")',
+  'plt.ylabel("y")',
+  'plt.show()',
+].join('\n')
+
+const DISPLAY = [
+  'from IPython.display import HTML, Markdown, display',
+  'display(HTML("<b>hi</b>"))',
+  'display(Markdown("**md**"))',
+  '40 + 2',
+].join('\n')
+
+const SHOW_ENV = 'import json, os\nprint(json.dumps({k: os.environ.get(k) for k in ("RUN_VAR", "GLOBAL_VAR")}))'
+
+// Whether the cell ran to its end shows in the kernel's globals afterwards: no clock involved.
+const SLEEP = 'import time\ntime.sleep(60)\nfinished_sleeping = True'
+
+// The kernel's own clock: whether the two runs overlapped inside the sandbox, not on the client.
+const concurrentCode = (who) =>
+  `import json, time\nstart = time.time()\ntime.sleep(2)\nprint(json.dumps({"who": "${who}", "start": start, "end": time.time()}))`
+
+// Each entry: [create options, scenario].
+const scenarios = {
+  'interpreter/run/basic': [
+    {},
+    async (sbx) => {
+      const seen = { stdout: [], stderr: [], results: [], errors: [] }
+      const first = await sbx.runCode('print("out")\nimport sys\nprint("err", file=sys.stderr)\n1+1', {
+        onStdout: (message) => seen.stdout.push(message.line),
+        onStderr: (message) => seen.stderr.push(message.line),
+        onResult: (result) => seen.results.push({ text: result.text ?? null, is_main_result: result.isMainResult ?? null }),
+        onError: (error) => seen.errors.push(error.name),
+      })
+      trace('first run')
+      const second = await sbx.runCode('print("before")\n6*7')
+      return { first: executionOf(first), callbacks: seen, second: executionOf(second) }
+    },
+  ],
+
+  'interpreter/results/dataframe': [
+    {},
+    async (sbx) => executionOf(await sbx.runCode('import pandas as pd\npd.DataFrame({"a": [1, 2], "b": [3, 4]})')),
+  ],
+
+  'interpreter/results/matplotlib': [{}, async (sbx) => executionOf(await sbx.runCode(PLOT))],
+
+  'interpreter/results/display': [{}, async (sbx) => executionOf(await sbx.runCode(DISPLAY))],
+
+  'interpreter/errors/traceback': [
+    {},
+    async (sbx) => {
+      const errors = []
+      let run
+      try {
+        run = await sbx.runCode('1/0', { onError: (error) => errors.push(error.name) })
+      } catch (e) {
+        if (!(e instanceof SandboxError)) throw e
+        return { raised: e.constructor.name, message: e.message }
+      }
+      return { raised: null, execution: executionOf(run), on_error: errors }
+    },
+  ],
+
+  'interpreter/execution-count': [
+    {},
+    async (sbx) => {
+      const counts = []
+      for (const code of ['1', '2', '3']) counts.push((await sbx.runCode(code)).executionCount ?? null)
+      return { counts }
+    },
+  ],
+
+  'interpreter/contexts/lifecycle': [
+    {},
+    async (sbx) => {
+      const context = await sbx.createCodeContext({ cwd: '/tmp', language: 'python' })
+      trace(`context ${context.id}`)
+      const cwd = await sbx.runCode('import os\nprint(os.getcwd())', { context })
+      await sbx.runCode('x = 41', { context })
+      const persisted = await sbx.runCode('x + 1', { context })
+      const listed = (await sbx.listCodeContexts())
+        .filter((c) => c.id === context.id)
+        .map((c) => ({ language: c.language, cwd: c.cwd }))
+      await sbx.restartCodeContext(context)
+      trace('restarted')
+      const afterRestart = await sbx.runCode('x', { context })
+      await sbx.removeCodeContext(context)
+      trace('removed')
+      const listedAfter = (await sbx.listCodeContexts()).some((c) => c.id === context.id)
+      let runAfterRemove = null
+      try {
+        await sbx.runCode('1', { context })
+      } catch (e) {
+        if (!(e instanceof NotFoundError)) throw e
+        runAfterRemove = e.constructor.name
+      }
+      return {
+        created: { language: context.language, cwd: context.cwd, has_id: Boolean(context.id) },
+        cwd_stdout: cwd.logs.stdout,
+        persisted: persisted.text ?? null,
+        listed,
+        after_restart_error: errorOf(afterRestart.error),
+        listed_after_remove: listedAfter,
+        run_after_remove: runAfterRemove,
+      }
+    },
+  ],
+
+  'interpreter/env-vars/per-run': [
+    { envs: { GLOBAL_VAR: 'g' } },
+    async (sbx) => {
+      const before = await sbx.runCode(SHOW_ENV)
+      const during = await sbx.runCode(SHOW_ENV, { envs: { RUN_VAR: 'r', GLOBAL_VAR: 'override' } })
+      const after = await sbx.runCode(SHOW_ENV)
+      return { before: before.logs.stdout, during: during.logs.stdout, after: after.logs.stdout }
+    },
+  ],
+
+  'interpreter/interrupt/timeout-then-run': [
+    {},
+    async (sbx) => {
+      let start = performance.now()
+      let raised = null
+      let message = ''
+      try {
+        await sbx.runCode(SLEEP, { timeoutMs: 3000 })
+      } catch (e) {
+        if (!(e instanceof TimeoutError)) throw e
+        raised = e.constructor.name
+        message = e.message
+      }
+      const raisedAfter = (performance.now() - start) / 1000
+      trace(`first run ended: ${raised}`)
+      start = performance.now()
+      const after = await sbx.runCode('1+1')
+      const afterElapsed = (performance.now() - start) / 1000
+      const sleepCompleted = await sbx.runCode("'finished_sleeping' in globals()")
+      return {
+        raised,
+        message,
+        raised_after_s: raisedAfter,
+        after: after.text ?? null,
+        after_error: errorOf(after.error),
+        after_elapsed_s: afterElapsed,
+        sleep_completed: sleepCompleted.text ?? null,
+      }
+    },
+  ],
+
+  'interpreter/contexts/concurrent': [
+    {},
+    async (sbx) => {
+      const contexts = { a: await sbx.createCodeContext(), b: await sbx.createCodeContext() }
+      const run = async (who) => {
+        const start = performance.now() / 1000
+        const execution = await sbx.runCode(concurrentCode(who), { context: contexts[who] })
+        return { stdout: execution.logs.stdout, error: errorOf(execution.error), client: [start, performance.now() / 1000] }
+      }
+      const [a, b] = await Promise.all([run('a'), run('b')])
+      return { runs: { a, b } }
+    },
+  ],
+
+  'interpreter/languages/bash': [
+    {},
+    async (sbx) => {
+      const bash = await sbx.runCode('echo hi', { language: 'bash' })
+      const unsupported = {}
+      for (const language of UNSUPPORTED_LANGUAGES) {
+        try {
+          await sbx.runCode('1', { language })
+          unsupported[language] = { raised: null, message: '' }
+        } catch (e) {
+          if (!(e instanceof SandboxError)) throw e
+          unsupported[language] = { raised: e.constructor.name, message: e.message }
+        }
+      }
+      return { bash: executionOf(bash), unsupported }
+    },
+  ],
+
+  'interpreter/network/private-traffic': [
+    { network: { allowPublicTraffic: false } },
+    async (sbx) => {
+      const token = sbx.trafficAccessToken
+      const health = `https://${sbx.getHost(49999)}/health`
+      const without = await fetch(health, { signal: AbortSignal.timeout(30000) })
+      const withoutBody = await without.text()
+      const withToken = await fetch(health, {
+        headers: { 'E2B-Traffic-Access-Token': token ?? '' },
+        signal: AbortSignal.timeout(30000),
+      })
+      const withBody = await withToken.text()
+      const run = await sbx.runCode('1+1') // the client sends the token itself
+      return {
+        has_token: Boolean(token),
+        without: without.status,
+        without_body: withoutBody,
+        with: withToken.status,
+        with_body: withBody,
+        run: run.text ?? null,
+      }
+    },
+  ],
+}
+
+async function main() {
+  const [name] = process.argv.slice(2)
+  const entry = Object.hasOwn(scenarios, name) ? scenarios[name] : undefined
+  if (!entry) throw new Error(`unknown scenario ${JSON.stringify(name)}; known: ${Object.keys(scenarios).join(', ')}`)
+  const [create, run] = entry
+  current = name
+  trace('start')
+  const sbx = await Sandbox.create(create)
+  let result
+  try {
+    trace(`created ${sbx.sandboxId}`)
+    result = await run(sbx)
+  } finally {
+    await sbx.kill()
+  }
+  trace('done')
+  console.log(JSON.stringify(result))
+}
+
+main().catch((err) => {
+  console.error(err)
+  process.exit(1)
+})

@@ -1,0 +1,310 @@
+"""Code-interpreter scenarios for the official Python interpreter client (async flavour).
+
+Run by the pinned client's own interpreter (``python -I py_async.py <scenario> <workdir>``) with
+only ``E2B_API_KEY``, ``E2B_DOMAIN``, ``SSL_CERT_FILE`` and ``NODE_EXTRA_CA_CERTS`` set. ``main``
+creates the scenario's sandbox with ``e2b_code_interpreter.AsyncSandbox.create()`` (default
+template ``code-interpreter-v1``; a scenario may add create options), kills it in ``finally`` and
+prints the scenario's JSON object; the scenario names and result keys are those of ``py_sync.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+
+# The official client lives in its own virtualenv, never in the project's, so mypy cannot see it.
+from e2b_code_interpreter import (  # type: ignore[import-not-found]
+    AsyncSandbox,
+    NotFoundException,
+    SandboxException,
+    TimeoutException,
+)
+
+Scenario = Callable[[AsyncSandbox], Awaitable[dict[str, Any]]]
+SCENARIOS: dict[str, tuple[Scenario, dict[str, Any]]] = {}
+CURRENT = [""]  # the running scenario's name, for stage traces
+
+# The languages the project's code-interpreter-v1 template has no kernel for.
+UNSUPPORTED_LANGUAGES = ("r", "java", "javascript", "typescript")
+
+
+def scenario(name: str, **create: Any) -> Callable[[Scenario], Scenario]:
+    def register(fn: Scenario) -> Scenario:
+        SCENARIOS[name] = (fn, create)
+        return fn
+
+    return register
+
+
+def trace(stage: str) -> None:
+    print(f"py-async:{CURRENT[0]}:{stage}", file=sys.stderr, flush=True)
+
+
+def chart_of(chart: Any) -> dict[str, Any] | None:
+    """The chart as the client parsed it (its typed classes): what a user of the client sees."""
+    if chart is None:
+        return None
+    elements = []
+    for element in chart.elements:
+        if hasattr(element, "points"):
+            elements.append({"label": element.label, "points": [list(point) for point in element.points]})
+        else:
+            elements.append({"label": getattr(element, "label", None)})
+    return {
+        "class": type(chart).__name__,
+        "type": getattr(chart.type, "value", chart.type),
+        "title": chart.title,
+        "x_label": getattr(chart, "x_label", None),
+        "y_label": getattr(chart, "y_label", None),
+        "elements": elements,
+    }
+
+
+def result_of(result: Any) -> dict[str, Any]:
+    png_head = base64.b64decode(result.png)[:8].hex() if result.png else None
+    return {
+        "text": result.text,
+        "html": result.html,
+        "markdown": result.markdown,
+        "png_head": png_head,
+        "chart": chart_of(result.chart),
+        "is_main_result": result.is_main_result,
+        "formats": list(result.formats()),
+    }
+
+
+def error_of(error: Any) -> dict[str, Any] | None:
+    if error is None:
+        return None
+    return {"name": error.name, "value": error.value, "traceback": error.traceback}
+
+
+def execution_of(execution: Any) -> dict[str, Any]:
+    return {
+        "text": execution.text,
+        "results": [result_of(r) for r in execution.results],
+        "stdout": list(execution.logs.stdout),
+        "stderr": list(execution.logs.stderr),
+        "error": error_of(execution.error),
+        "execution_count": execution.execution_count,
+    }
+
+
+@scenario("interpreter/run/basic")
+async def _basic(sbx: AsyncSandbox) -> dict[str, Any]:
+    seen: dict[str, list[Any]] = {"stdout": [], "stderr": [], "results": [], "errors": []}
+
+    async def on_result(result: Any) -> None:  # the async client also awaits coroutine callbacks
+        seen["results"].append({"text": result.text, "is_main_result": result.is_main_result})
+
+    first = await sbx.run_code(
+        'print("out")\nimport sys\nprint("err", file=sys.stderr)\n1+1',
+        on_stdout=lambda message: seen["stdout"].append(message.line),
+        on_stderr=lambda message: seen["stderr"].append(message.line),
+        on_result=on_result,
+        on_error=lambda error: seen["errors"].append(error.name),
+    )
+    trace("first run")
+    second = await sbx.run_code('print("before")\n6*7')
+    return {"first": execution_of(first), "callbacks": seen, "second": execution_of(second)}
+
+
+@scenario("interpreter/results/dataframe")
+async def _dataframe(sbx: AsyncSandbox) -> dict[str, Any]:
+    return execution_of(await sbx.run_code('import pandas as pd\npd.DataFrame({"a": [1, 2], "b": [3, 4]})'))
+
+
+PLOT = """import matplotlib.pyplot as plt
+plt.plot([1, 2, 3], [1, 4, 9], label="squares")
+plt.title("Squares")
+plt.xlabel("x")
+plt.ylabel("y")
+plt.show()
+"""
+
+
+@scenario("interpreter/results/matplotlib")
+async def _matplotlib(sbx: AsyncSandbox) -> dict[str, Any]:
+    return execution_of(await sbx.run_code(PLOT))
+
+
+DISPLAY = """from IPython.display import HTML, Markdown, display
+display(HTML("<b>hi</b>"))
+display(Markdown("**md**"))
+40 + 2
+"""
+
+
+@scenario("interpreter/results/display")
+async def _display(sbx: AsyncSandbox) -> dict[str, Any]:
+    return execution_of(await sbx.run_code(DISPLAY))
+
+
+@scenario("interpreter/errors/traceback")
+async def _traceback(sbx: AsyncSandbox) -> dict[str, Any]:
+    errors: list[str] = []
+    try:
+        run = await sbx.run_code("1/0", on_error=lambda error: errors.append(error.name))
+    except SandboxException as exc:
+        return {"raised": type(exc).__name__, "message": str(exc)}
+    return {"raised": None, "execution": execution_of(run), "on_error": errors}
+
+
+@scenario("interpreter/execution-count")
+async def _execution_count(sbx: AsyncSandbox) -> dict[str, Any]:
+    return {"counts": [(await sbx.run_code(code)).execution_count for code in ("1", "2", "3")]}
+
+
+@scenario("interpreter/contexts/lifecycle")
+async def _contexts(sbx: AsyncSandbox) -> dict[str, Any]:
+    context = await sbx.create_code_context(cwd="/tmp", language="python")
+    trace(f"context {context.id}")
+    cwd = await sbx.run_code("import os\nprint(os.getcwd())", context=context)
+    await sbx.run_code("x = 41", context=context)
+    persisted = await sbx.run_code("x + 1", context=context)
+    listed = [{"language": c.language, "cwd": c.cwd} for c in await sbx.list_code_contexts() if c.id == context.id]
+    await sbx.restart_code_context(context)
+    trace("restarted")
+    after_restart = await sbx.run_code("x", context=context)
+    await sbx.remove_code_context(context)
+    trace("removed")
+    listed_after = any(c.id == context.id for c in await sbx.list_code_contexts())
+    try:
+        await sbx.run_code("1", context=context)
+        run_after_remove = None
+    except NotFoundException as exc:
+        run_after_remove = type(exc).__name__
+    return {
+        "created": {"language": context.language, "cwd": context.cwd, "has_id": bool(context.id)},
+        "cwd_stdout": list(cwd.logs.stdout),
+        "persisted": persisted.text,
+        "listed": listed,
+        "after_restart_error": error_of(after_restart.error),
+        "listed_after_remove": listed_after,
+        "run_after_remove": run_after_remove,
+    }
+
+
+SHOW_ENV = 'import json, os\nprint(json.dumps({k: os.environ.get(k) for k in ("RUN_VAR", "GLOBAL_VAR")}))'
+
+
+@scenario("interpreter/env-vars/per-run", envs={"GLOBAL_VAR": "g"})
+async def _env_vars(sbx: AsyncSandbox) -> dict[str, Any]:
+    before = await sbx.run_code(SHOW_ENV)
+    during = await sbx.run_code(SHOW_ENV, envs={"RUN_VAR": "r", "GLOBAL_VAR": "override"})
+    after = await sbx.run_code(SHOW_ENV)
+    return {"before": before.logs.stdout, "during": during.logs.stdout, "after": after.logs.stdout}
+
+
+# Whether the cell ran to its end shows in the kernel's globals afterwards: no clock involved.
+SLEEP = "import time\ntime.sleep(60)\nfinished_sleeping = True"
+
+
+@scenario("interpreter/interrupt/timeout-then-run")
+async def _timeout(sbx: AsyncSandbox) -> dict[str, Any]:
+    start = time.monotonic()
+    try:
+        await sbx.run_code(SLEEP, timeout=3)
+        raised, message = None, ""
+    except TimeoutException as exc:
+        raised, message = type(exc).__name__, str(exc)
+    raised_after = time.monotonic() - start
+    trace(f"first run ended: {raised}")
+    start = time.monotonic()
+    after = await sbx.run_code("1+1")
+    after_elapsed = time.monotonic() - start
+    sleep_completed = await sbx.run_code("'finished_sleeping' in globals()")
+    return {
+        "raised": raised,
+        "message": message,
+        "raised_after_s": raised_after,
+        "after": after.text,
+        "after_error": error_of(after.error),
+        "after_elapsed_s": after_elapsed,
+        "sleep_completed": sleep_completed.text,
+    }
+
+
+def concurrent_code(who: str) -> str:
+    # The kernel's own clock: whether the two runs overlapped inside the sandbox, not on the client.
+    return (
+        "import json, time\nstart = time.time()\ntime.sleep(2)\n"
+        f'print(json.dumps({{"who": "{who}", "start": start, "end": time.time()}}))'
+    )
+
+
+@scenario("interpreter/contexts/concurrent")
+async def _concurrent(sbx: AsyncSandbox) -> dict[str, Any]:
+    contexts = {who: await sbx.create_code_context() for who in ("a", "b")}
+
+    async def run(who: str) -> dict[str, Any]:
+        start = time.monotonic()
+        execution = await sbx.run_code(concurrent_code(who), context=contexts[who])
+        return {
+            "stdout": list(execution.logs.stdout),
+            "error": error_of(execution.error),
+            "client": [start, time.monotonic()],
+        }
+
+    runs = await asyncio.gather(*(run(who) for who in contexts))
+    return {"runs": dict(zip(contexts, runs, strict=True))}
+
+
+@scenario("interpreter/languages/bash")
+async def _languages(sbx: AsyncSandbox) -> dict[str, Any]:
+    bash = await sbx.run_code("echo hi", language="bash")
+    unsupported = {}
+    for language in UNSUPPORTED_LANGUAGES:
+        try:
+            await sbx.run_code("1", language=language)
+            unsupported[language] = {"raised": None, "message": ""}
+        except SandboxException as exc:
+            unsupported[language] = {"raised": type(exc).__name__, "message": str(exc)}
+    return {"bash": execution_of(bash), "unsupported": unsupported}
+
+
+@scenario("interpreter/network/private-traffic", network={"allow_public_traffic": False})
+async def _private_traffic(sbx: AsyncSandbox) -> dict[str, Any]:
+    token = sbx.traffic_access_token
+    health = f"https://{sbx.get_host(49999)}/health"
+    async with httpx.AsyncClient(timeout=30) as http:
+        without = await http.get(health)
+        with_token = await http.get(health, headers={"E2B-Traffic-Access-Token": token or ""})
+    run = await sbx.run_code("1+1")  # the client sends the token itself
+    return {
+        "has_token": bool(token),
+        "without": without.status_code,
+        "without_body": without.text,
+        "with": with_token.status_code,
+        "with_body": with_token.text,
+        "run": run.text,
+    }
+
+
+async def run(name: str) -> dict[str, Any]:
+    fn, create = SCENARIOS[name]
+    sbx = await AsyncSandbox.create(**create)
+    try:
+        trace(f"created {sbx.sandbox_id}")
+        return await fn(sbx)
+    finally:
+        await sbx.kill()
+
+
+def main() -> None:
+    name = CURRENT[0] = sys.argv[1]
+    trace("start")
+    result = asyncio.run(run(name))
+    trace("done")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

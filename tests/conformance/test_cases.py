@@ -1,0 +1,119 @@
+"""The cases as data agree with the scenario scripts and the contract, without running anything.
+
+A case names a scenario per client flavour and the operations it covers; a typo in either would
+only show when the case runs against a live endpoint (as a crash, or as coverage silently lost).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from conformance import _harness
+from conformance._cases import CASES, FAMILY_TEMPLATES, Case
+from conformance._clients import NodeClients, PythonClients
+from conformance._endpoint import ExternalEndpoint
+from conformance._harness import ClientSet, templates
+from conformance._model import Outcome
+from conformance._scenarios import SCENARIOS, ScenarioRun, ScenarioRunner
+from contract import load_inventory
+
+SCRIPTS = {"py-sync": "py_sync.py", "py-async": "py_async.py", "js": "js.cjs"}
+# JS scenario tables: `'name': async (…) =>`, `'name': [options, async (…) =>]`, or `scenarios['name'] = …`.
+_JS_ENTRY = re.compile(r"""^\s*'([^']+)':\s*(?:\[|async\b)|\bscenarios\['([^']+)'\]\s*=""", re.M)
+
+
+def _python_scenarios(path: Path) -> set[str]:
+    """Names registered with ``@scenario("name", …)`` in a Python scenario script."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            for decorator in node.decorator_list:
+                if (
+                    isinstance(decorator, ast.Call)
+                    and isinstance(decorator.func, ast.Name)
+                    and decorator.func.id == "scenario"
+                    and decorator.args
+                    and isinstance(decorator.args[0], ast.Constant)
+                ):
+                    names.add(str(decorator.args[0].value))
+    return names
+
+
+def _js_scenarios(path: Path) -> set[str]:
+    return {a or b for a, b in _JS_ENTRY.findall(path.read_text(encoding="utf-8"))}
+
+
+def _defined(family: str, flavour: str) -> set[str]:
+    path = SCENARIOS / family / SCRIPTS[flavour]
+    return _js_scenarios(path) if flavour == "js" else _python_scenarios(path)
+
+
+FAMILIES = sorted({case.family for case in CASES})
+
+
+def test_every_family_has_a_script_per_flavour_and_a_template() -> None:
+    assert set(FAMILIES) == set(FAMILY_TEMPLATES)
+    for family in FAMILIES:
+        for script in SCRIPTS.values():
+            assert (SCENARIOS / family / script).is_file(), f"{family}/{script}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_each_flavour_script_defines_the_cases_scenario(case: Case) -> None:
+    for flavour in case.flavours:
+        assert case.scenario in _defined(case.family, flavour), f"{flavour} has no scenario {case.scenario!r}"
+
+
+def test_the_parsers_find_every_interpreter_scenario() -> None:
+    # Guards the two parsers above: a parser that found nothing would make the test above vacuous.
+    expected = {case.scenario for case in CASES if case.family == "interpreter"}
+    for flavour in SCRIPTS:
+        assert _defined("interpreter", flavour) == expected, flavour
+
+
+def test_case_names_are_unique_and_operations_are_inventory_ids() -> None:
+    names = [case.name for case in CASES]
+    assert len(names) == len(set(names))
+    known = {op.id for op in load_inventory()}
+    for case in CASES:
+        assert set(case.operations) <= known, (case.name, sorted(set(case.operations) - known))
+        assert len(case.operations) == len(set(case.operations)), case.name
+
+
+def test_interpreter_cases_cover_every_interpreter_call_of_the_clients() -> None:
+    called = {op.id for op in load_inventory() if op.surface == "interpreter" and op.called_by_sdk}
+    for flavour in SCRIPTS:
+        covered = {op for case in CASES if flavour in case.flavours for op in case.operations}
+        assert called <= covered, (flavour, sorted(called - covered))
+
+
+def test_a_run_names_the_templates_its_cases_use() -> None:
+    clients = ClientSet(None, None, "2.32.0", "2.33.0")
+    by_family = {case.family: case for case in CASES}
+    selected = [(clients, by_family[family], "py-sync") for family in ("sandbox", "envd", "interpreter")]
+    assert templates(selected) == "base,code-interpreter-v1"
+    assert templates(selected[:2]) == "base"
+    assert templates([]) == ""
+
+
+def test_a_check_that_trips_over_a_malformed_result_fails_that_case_only(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def run(self: object, flavour: str, name: str, timeout: float = 180, *args: str) -> ScenarioRun:
+        return ScenarioRun({"unexpected": True}, (f"{flavour}:{name}:done",), 0.5)
+
+    monkeypatch.setattr(ScenarioRunner, "run", run)
+    clients = ClientSet(
+        PythonClients(tmp_path / "python", tmp_path, "2.32.0"), NodeClients(tmp_path, "2.33.0"), "2.32.0", "2.33.0"
+    )
+    endpoint = ExternalEndpoint({"E2B_API_KEY": "e2b_00", "E2B_DOMAIN": "e2b.test"})
+    plan = _harness.RunPlan(endpoint, (clients,))
+    case = next(case for case in CASES if case.name == "interpreter/run/basic")
+    result = _harness._run_one(plan, clients, case, "py-sync")
+    assert result.outcome is Outcome.FAIL
+    assert result.detail.startswith("check failed: KeyError: 'first'")
+    assert result.traces == ("py-sync:interpreter/run/basic:done",)

@@ -1,0 +1,345 @@
+"""The code-interpreter checks: each passes a result a conforming endpoint gives and fails broken ones.
+
+The results are written by hand in the scenarios' shape (``scenarios/interpreter``), so the checks
+are tested without sandboxes; every broken variant changes one thing a faulty server could get
+wrong, and must be refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from conformance import _checks as checks
+from conformance._cases import Case, cases
+
+Result = dict[str, Any]
+PNG = checks.PNG_MAGIC
+
+
+def result(text: str | None = None, main: bool = False, **fields: Any) -> Result:
+    shown = {
+        "text": text,
+        "html": None,
+        "markdown": None,
+        "png_head": None,
+        "chart": None,
+        "is_main_result": main,
+        **fields,
+    }
+    shown["formats"] = [name for name in ("text", "html", "markdown", "png_head", "chart") if shown[name]]
+    return shown
+
+
+def execution(
+    *results: Result,
+    stdout: list[str] | None = None,
+    stderr: list[str] | None = None,
+    error: dict[str, str] | None = None,
+    count: int = 1,
+) -> Result:
+    main = [r["text"] for r in results if r["is_main_result"]]
+    return {
+        "text": main[0] if main else None,
+        "results": list(results),
+        "stdout": stdout or [],
+        "stderr": stderr or [],
+        "error": error,
+        "execution_count": count,
+    }
+
+
+LINE_CHART = {
+    "class": "LineChart",
+    "type": "line",
+    "title": "Squares",
+    "x_label": "x",
+    "y_label": "y",
+    "elements": [{"label": "squares", "points": [[1.0, 1.0], [2.0, 4.0], [3.0, 9.0]]}],
+}
+
+
+def env(run_var: str | None, global_var: str | None) -> list[str]:
+    """What the scenario's code prints: the two variables as the kernel sees them."""
+    return [json.dumps({"RUN_VAR": run_var, "GLOBAL_VAR": global_var}) + "\n"]
+
+
+def printed(who: str, start: float, end: float) -> list[str]:
+    """What a concurrent run prints: who it is and its start and end on the kernel's clock."""
+    return [json.dumps({"who": who, "start": start, "end": end}) + "\n"]
+
+
+GOOD: dict[str, Result] = {
+    "interpreter/run/basic": {
+        "first": execution(result("2", True), stdout=["out\n"], stderr=["err\n"]),
+        "callbacks": {
+            "stdout": ["out\n"],
+            "stderr": ["err\n"],
+            "results": [{"text": "2", "is_main_result": True}],
+            "errors": [],
+        },
+        "second": execution(result("42", True), stdout=["before\n"], count=2),
+    },
+    "interpreter/results/dataframe": execution(
+        result("   a  b\n0  1  3\n1  2  4", True, html='<table border="1" class="dataframe">…</table>')
+    ),
+    "interpreter/results/matplotlib": execution(
+        result("<Figure size 640x480 with 1 Axes>", False, png_head=PNG, chart=LINE_CHART)
+    ),
+    "interpreter/results/display": execution(
+        result("<IPython.core.display.HTML object>", False, html="<b>hi</b>"),
+        result("<IPython.core.display.Markdown object>", False, markdown="**md**"),
+        result("42", True),
+    ),
+    "interpreter/errors/traceback": {
+        "raised": None,
+        "execution": execution(
+            error={
+                "name": "ZeroDivisionError",
+                "value": "division by zero",
+                "traceback": "Traceback (most recent call last)\n----> 1 1/0\nZeroDivisionError: division by zero",
+            }
+        ),
+        "on_error": ["ZeroDivisionError"],
+    },
+    "interpreter/execution-count": {"counts": [4, 5, 6]},
+    "interpreter/contexts/lifecycle": {
+        "created": {"language": "python", "cwd": "/tmp", "has_id": True},
+        "cwd_stdout": ["/tmp\n"],
+        "persisted": "42",
+        "listed": [{"language": "python", "cwd": "/tmp"}],
+        "after_restart_error": {"name": "NameError", "value": "name 'x' is not defined", "traceback": "…"},
+        "listed_after_remove": False,
+        "run_after_remove": "NotFoundException",
+    },
+    "interpreter/env-vars/per-run": {
+        "before": env(None, "g"),
+        "during": env("r", "override"),
+        "after": env(None, "g"),
+    },
+    "interpreter/interrupt/timeout-then-run": {
+        "raised": "TimeoutException",
+        "message": "Execution timed out — the 'timeout' option can be used to increase this timeout",
+        "raised_after_s": 3.01,
+        "after": "2",
+        "after_error": None,
+        "after_elapsed_s": 0.05,
+        "sleep_completed": "False",
+    },
+    "interpreter/contexts/concurrent": {
+        "runs": {
+            "a": {"stdout": printed("a", 100.0, 102.0), "error": None, "client": [1.0, 3.1]},
+            "b": {"stdout": printed("b", 100.1, 102.1), "error": None, "client": [1.0, 3.2]},
+        }
+    },
+    "interpreter/languages/bash": {
+        "bash": execution(stdout=["hi\n"]),
+        "unsupported": {
+            language: {
+                "raised": "SandboxException",
+                "message": f"500: Failed to create context: No such kernel named {language}",
+            }
+            for language in ("r", "java", "javascript", "typescript")
+        },
+    },
+    "interpreter/network/private-traffic": {
+        "has_token": True,
+        "without": 403,
+        "without_body": '{"code": 403, "message": "Missing or invalid traffic access token"}',
+        "with": 200,
+        "with_body": '"OK"',
+        "run": "2",
+    },
+}
+
+CASES = {case.scenario: case for case in cases("interpreter")}
+
+
+def test_every_interpreter_case_has_a_good_result_here() -> None:
+    assert set(GOOD) == set(CASES)
+
+
+@pytest.mark.parametrize("scenario", sorted(GOOD))
+def test_a_conforming_result_passes(scenario: str) -> None:
+    CASES[scenario].check(copy.deepcopy(GOOD[scenario]), "/home/user")
+
+
+def _js_shapes() -> list[Any]:
+    """The same results as the JS client reports them: untyped charts, its own class names and messages."""
+    matplotlib = copy.deepcopy(GOOD["interpreter/results/matplotlib"])
+    matplotlib["results"][0]["chart"]["class"] = None
+    contexts = copy.deepcopy(GOOD["interpreter/contexts/lifecycle"])
+    contexts["run_after_remove"] = "NotFoundError"
+    timeout = copy.deepcopy(GOOD["interpreter/interrupt/timeout-then-run"])
+    timeout.update(raised="TimeoutError", message="Execution timed out — the 'timeoutMs' option can be used")
+    refused = copy.deepcopy(GOOD["interpreter/languages/bash"])
+    for outcome in refused["unsupported"].values():
+        outcome.update(raised="SandboxError", message="500 Internal Server Error")  # JS drops the body
+    not_found = copy.deepcopy(GOOD["interpreter/languages/bash"])
+    for language, outcome in not_found["unsupported"].items():
+        outcome.update(raised="NotFoundError", message=f"no kernel for {language}")
+    return [
+        pytest.param("interpreter/results/matplotlib", matplotlib, id="untyped-chart"),
+        pytest.param("interpreter/contexts/lifecycle", contexts, id="NotFoundError"),
+        pytest.param("interpreter/interrupt/timeout-then-run", timeout, id="TimeoutError"),
+        pytest.param("interpreter/languages/bash", refused, id="SandboxError-without-body"),
+        pytest.param("interpreter/languages/bash", not_found, id="NotFoundError-with-body"),
+    ]
+
+
+@pytest.mark.parametrize(("scenario", "shown"), _js_shapes())
+def test_the_js_clients_shapes_pass_too(scenario: str, shown: Result) -> None:
+    CASES[scenario].check(shown, "/home/user")
+
+
+def _set(path: tuple[Any, ...], value: Any) -> Callable[[Result], None]:
+    def change(r: Result) -> None:
+        target: Any = r
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+
+    return change
+
+
+def _call(fn: Callable[[Result], Any]) -> Callable[[Result], None]:
+    def change(r: Result) -> None:
+        fn(r)
+
+    return change
+
+
+BROKEN: list[tuple[str, str, Callable[[Result], None]]] = [
+    ("interpreter/run/basic", "wrong main result", _set(("first", "results", 0, "text"), "3")),
+    ("interpreter/run/basic", "main result not marked main", _set(("first", "results", 0, "is_main_result"), False)),
+    ("interpreter/run/basic", "stderr merged into stdout", _set(("first", "stdout"), ["out\n", "err\n"])),
+    ("interpreter/run/basic", "stderr missing", _set(("first", "stderr"), [])),
+    ("interpreter/run/basic", "callbacks not called", _set(("callbacks", "stdout"), [])),
+    ("interpreter/run/basic", "second run wrong", _set(("second", "results", 0, "text"), "6*7")),
+    ("interpreter/run/basic", "Execution.text disagrees", _set(("second", "text"), None)),
+    ("interpreter/run/basic", "a kernel error", _set(("first", "error"), {"name": "X", "value": "", "traceback": ""})),
+    ("interpreter/results/dataframe", "no html", _set(("results", 0, "html"), None)),
+    ("interpreter/results/dataframe", "html without a table", _set(("results", 0, "html"), "<pre>a b</pre>")),
+    ("interpreter/results/dataframe", "not the main result", _set(("results", 0, "is_main_result"), False)),
+    ("interpreter/results/dataframe", "text of something else", _set(("results", 0, "text"), "DataFrame")),
+    ("interpreter/results/matplotlib", "no png", _set(("results", 0, "png_head"), None)),
+    ("interpreter/results/matplotlib", "png not a PNG", _set(("results", 0, "png_head"), "ffd8ffe000104a46")),
+    ("interpreter/results/matplotlib", "figure as main result", _set(("results", 0, "is_main_result"), True)),
+    ("interpreter/results/matplotlib", "no chart", _set(("results", 0, "chart"), None)),
+    ("interpreter/results/matplotlib", "chart of another type", _set(("results", 0, "chart", "type"), "scatter")),
+    ("interpreter/results/matplotlib", "chart untyped in Python", _set(("results", 0, "chart", "class"), "Chart")),
+    ("interpreter/results/matplotlib", "title lost", _set(("results", 0, "chart", "title"), "")),
+    ("interpreter/results/matplotlib", "axis labels lost", _set(("results", 0, "chart", "y_label"), "")),
+    (
+        "interpreter/results/matplotlib",
+        "a point wrong",
+        _set(("results", 0, "chart", "elements", 0, "points", 2), [3.0, 8.0]),
+    ),
+    (
+        "interpreter/results/matplotlib",
+        "a point missing",
+        _call(lambda r: r["results"][0]["chart"]["elements"][0]["points"].pop()),
+    ),
+    ("interpreter/results/matplotlib", "label lost", _set(("results", 0, "chart", "elements", 0, "label"), "Line 0")),
+    ("interpreter/results/display", "html display is main", _set(("results", 0, "is_main_result"), True)),
+    ("interpreter/results/display", "html lost", _set(("results", 0, "html"), None)),
+    ("interpreter/results/display", "markdown lost", _set(("results", 1, "markdown"), None)),
+    ("interpreter/results/display", "displays out of order", _call(lambda r: r["results"].reverse())),
+    ("interpreter/results/display", "a display dropped", _call(lambda r: r["results"].pop(1))),
+    ("interpreter/errors/traceback", "run_code raised", lambda r: r.update(raised="SandboxException")),
+    ("interpreter/errors/traceback", "no error", _set(("execution", "error"), None)),
+    ("interpreter/errors/traceback", "wrong name", _set(("execution", "error", "name"), "Exception")),
+    ("interpreter/errors/traceback", "empty traceback", _set(("execution", "error", "traceback"), "")),
+    ("interpreter/errors/traceback", "value lost", _set(("execution", "error", "value"), "")),
+    ("interpreter/errors/traceback", "on_error not called", _set(("on_error",), [])),
+    ("interpreter/errors/traceback", "on_error called twice", _set(("on_error",), ["ZeroDivisionError"] * 2)),
+    ("interpreter/execution-count", "not counting", _set(("counts",), [1, 1, 1])),
+    ("interpreter/execution-count", "skipping", _set(("counts",), [1, 3, 5])),
+    ("interpreter/execution-count", "no count", _set(("counts",), [None, None, None])),
+    ("interpreter/execution-count", "counting down", _set(("counts",), [3, 2, 1])),
+    ("interpreter/contexts/lifecycle", "cwd ignored", _set(("cwd_stdout",), ["/home/user\n"])),
+    ("interpreter/contexts/lifecycle", "created cwd wrong", _set(("created", "cwd"), "/home/user")),
+    ("interpreter/contexts/lifecycle", "state lost", _set(("persisted",), None)),
+    ("interpreter/contexts/lifecycle", "not listed", _set(("listed",), [])),
+    ("interpreter/contexts/lifecycle", "listed twice", _set(("listed",), [{"language": "python", "cwd": "/tmp"}] * 2)),
+    ("interpreter/contexts/lifecycle", "restart kept state", _set(("after_restart_error",), None)),
+    ("interpreter/contexts/lifecycle", "still listed", _set(("listed_after_remove",), True)),
+    ("interpreter/contexts/lifecycle", "removed context still runs", _set(("run_after_remove",), None)),
+    ("interpreter/env-vars/per-run", "sandbox env missing", _set(("before",), env(None, None))),
+    ("interpreter/env-vars/per-run", "run env ignored", _set(("during",), env(None, "g"))),
+    ("interpreter/env-vars/per-run", "override ignored", _set(("during",), env("r", "g"))),
+    ("interpreter/env-vars/per-run", "run env leaked", _set(("after",), env("r", "g"))),
+    ("interpreter/env-vars/per-run", "global not restored", _set(("after",), env(None, "override"))),
+    ("interpreter/env-vars/per-run", "global removed", _set(("after",), env(None, None))),
+    ("interpreter/env-vars/per-run", "nothing printed", _set(("after",), [])),
+    ("interpreter/interrupt/timeout-then-run", "no timeout", lambda r: r.update(raised=None, message="")),
+    (
+        "interpreter/interrupt/timeout-then-run",
+        "a request timeout",
+        _set(("message",), "Request timed out — the 'request_timeout' option can be used"),
+    ),
+    ("interpreter/interrupt/timeout-then-run", "next run broken", _set(("after",), None)),
+    (
+        "interpreter/interrupt/timeout-then-run",
+        "next run errored",
+        _set(("after_error",), {"name": "ExecutionAborted", "value": "", "traceback": ""}),
+    ),
+    ("interpreter/interrupt/timeout-then-run", "not interrupted", _set(("sleep_completed",), "True")),
+    ("interpreter/contexts/concurrent", "serialized", _set(("runs", "b", "stdout"), printed("b", 102.0, 104.0))),
+    (
+        "interpreter/contexts/concurrent",
+        "serialized other way",
+        _set(("runs", "a", "stdout"), printed("a", 102.2, 104)),
+    ),
+    ("interpreter/contexts/concurrent", "output crossed", _set(("runs", "a", "stdout"), printed("b", 100.0, 102.0))),
+    ("interpreter/contexts/concurrent", "a run failed", _set(("runs", "b", "error"), {"name": "E"})),
+    ("interpreter/contexts/concurrent", "nothing printed", _set(("runs", "a", "stdout"), [])),
+    ("interpreter/languages/bash", "bash not run", _set(("bash", "stdout"), [])),
+    ("interpreter/languages/bash", "bash error", _set(("bash", "error"), {"name": "E", "value": "", "traceback": ""})),
+    ("interpreter/languages/bash", "r ran", _set(("unsupported", "r"), {"raised": None, "message": ""})),
+    (
+        "interpreter/languages/bash",
+        "timeout instead of a refusal",
+        _set(("unsupported", "java"), {"raised": "TimeoutException", "message": "502: gone"}),
+    ),
+    (
+        "interpreter/languages/bash",
+        "message without a status",
+        _set(("unsupported", "r"), {"raised": "SandboxException", "message": "no kernel named r"}),
+    ),
+    (
+        "interpreter/languages/bash",
+        "message names another language",
+        _set(("unsupported", "java"), {"raised": "SandboxException", "message": "500: no kernel named javascript"}),
+    ),
+    (
+        "interpreter/languages/bash",
+        "JS message without a status",
+        _set(("unsupported", "r"), {"raised": "SandboxError", "message": "Internal Server Error"}),
+    ),
+    ("interpreter/languages/bash", "a language not tried", _call(lambda r: r["unsupported"].pop("typescript"))),
+    ("interpreter/network/private-traffic", "no token", _set(("has_token",), False)),
+    ("interpreter/network/private-traffic", "open without the token", _set(("without",), 200)),
+    ("interpreter/network/private-traffic", "refused with the token", _set(("with",), 403)),
+    ("interpreter/network/private-traffic", "health not OK", _set(("with_body",), '"Request was successful"')),
+    ("interpreter/network/private-traffic", "health not JSON", _set(("with_body",), "OK")),
+    ("interpreter/network/private-traffic", "client does not send the token", _set(("run",), None)),
+]
+
+
+@pytest.mark.parametrize(("scenario", "what", "change"), BROKEN, ids=[f"{s}:{w}" for s, w, _ in BROKEN])
+def test_a_broken_result_fails(scenario: str, what: str, change: Callable[[Result], None]) -> None:
+    broken = copy.deepcopy(GOOD[scenario])
+    change(broken)
+    assert broken != GOOD[scenario], "the change must change something"
+    case: Case = CASES[scenario]
+    with pytest.raises(AssertionError):
+        case.check(broken, "/home/user")
+
+
+def test_every_interpreter_case_has_broken_variants() -> None:
+    assert {scenario for scenario, _, _ in BROKEN} == set(CASES)
