@@ -6,9 +6,9 @@ E2B-compatible endpoint. See docs/ARCHITECTURE.md and docs/REPORT.md.
 
 from __future__ import annotations
 
-import importlib as _importlib
 from typing import TYPE_CHECKING as _TYPE_CHECKING
-from typing import Any as _Any
+
+from contract.lazy import lazy_getattr as _lazy_getattr
 
 if _TYPE_CHECKING:
     from ._cases import CASES, Case
@@ -37,13 +37,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> _Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(_importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = _lazy_getattr(__name__, _LAZY, globals())
 
 
 __all__ = [

@@ -81,6 +81,7 @@ class PythonClients:
     python: Path
     site_packages: Path
     version: str  # of the ``e2b`` package; names the lock file it was built from
+    packages: tuple[tuple[str, str], ...] = ()  # (official client, version) as locked, e.g. e2b-code-interpreter
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class NodeClients:
 
     root: Path
     version: str  # of the ``e2b`` package; names the lock folder it was built from
+    packages: tuple[tuple[str, str], ...] = ()  # (official client, version) as locked, e.g. @e2b/code-interpreter
 
 
 def _run(cmd: list[str], cwd: Path, what: str) -> None:
@@ -186,12 +188,16 @@ def _e2b_pin(pinned: dict[str, str], where: Path, asked: str | None) -> str:
     return found
 
 
-def _python_env(root: Path, version: str) -> PythonClients:
+def _python_env(root: Path, version: str, pins: dict[str, str] | None = None) -> PythonClients:
     # The POSIX venv layout; the interpreter is addressed through the venv so that
     # pyvenv.cfg makes it see this site-packages and no other.
     lib = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    packages = tuple((name, pins[name]) for name in PYTHON_CLIENTS if name in pins) if pins else ()
     return PythonClients(
-        python=root / "bin" / "python", site_packages=root / "lib" / lib / "site-packages", version=version
+        python=root / "bin" / "python",
+        site_packages=root / "lib" / lib / "site-packages",
+        version=version,
+        packages=packages,
     )
 
 
@@ -199,7 +205,8 @@ def ensure_python_clients(version: str | None = None, cache_root: Path | None = 
     """The virtualenv of the Python clients locked for e2b ``version`` (None: the pin), built on first use."""
     lock = _python_lock(version)
     requirements = lock.read_bytes()
-    e2b_version = _e2b_pin(_pins(requirements.decode("utf-8")), lock, version)
+    pins = _pins(requirements.decode("utf-8"))
+    e2b_version = _e2b_pin(pins, lock, version)
     # A venv is tied to its interpreter's major.minor, so that is part of the key.
     key = f"{_key(requirements)}-py{sys.version_info.major}.{sys.version_info.minor}"
     final = (cache_root if cache_root is not None else default_cache_root()) / "clients" / "python" / key
@@ -226,7 +233,7 @@ def ensure_python_clients(version: str | None = None, cache_root: Path | None = 
         ]
         _run(install, tmp, f"installing the Python clients of e2b {e2b_version}")
 
-    return _python_env(_materialize(final, build), e2b_version)
+    return _python_env(_materialize(final, build), e2b_version, pins)
 
 
 def ensure_node_clients(version: str | None = None, cache_root: Path | None = None) -> NodeClients:
@@ -245,7 +252,8 @@ def ensure_node_clients(version: str | None = None, cache_root: Path | None = No
         cmd = [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--no-update-notifier"]
         _run(cmd, tmp, f"installing the JS clients of e2b {e2b_version}")
 
-    return NodeClients(root=_materialize(final, build), version=e2b_version)
+    packages = tuple((name, str(dependencies[name])) for name in NODE_CLIENTS if name in dependencies)
+    return NodeClients(root=_materialize(final, build), version=e2b_version, packages=packages)
 
 
 def _pins(requirements: str) -> dict[str, str]:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,6 +31,7 @@ from ._scenarios import SCENARIOS, ScenarioError, ScenarioRunner
 __all__ = ["ClientSet", "RunPlan", "run_cases"]
 
 HARNESS_VERSION = "0.1.0"
+INTERPRETER_PACKAGES = {"python": "e2b-code-interpreter", "js": "@e2b/code-interpreter"}
 CASE_TIMEOUT_S = 600
 WORKDIR = "/home/user"  # every scenario works in the sandbox user's home
 MANIFEST = Path(__file__).resolve().parent.parent / "contract" / "manifest.json"
@@ -51,8 +54,15 @@ class ClientSet:
         node = ensure_node_clients() if node_version in (None, "pinned") else ensure_node_clients(node_version)
         return cls(python, node, python.version, node.version)
 
-    def info(self, flavour: str) -> ClientInfo:
-        return ClientInfo(flavour, "e2b", self.node_version if flavour == "js" else self.python_version)
+    def info(self, flavour: str, family: str = "") -> ClientInfo:
+        """The client a case of ``family`` runs with: the interpreter cases use the interpreter clients."""
+        version = self.node_version if flavour == "js" else self.python_version
+        if family != "interpreter":
+            return ClientInfo(flavour, "e2b", version)
+        package = INTERPRETER_PACKAGES["js" if flavour == "js" else "python"]
+        clients = self.node if flavour == "js" else self.python
+        locked = dict(clients.packages) if clients is not None else {}
+        return ClientInfo(flavour, package, locked.get(package, "unknown"))
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,9 @@ class RunPlan:
     flavours: tuple[str, ...] = ("py-sync", "py-async", "js")
     match: str = ""  # only cases whose name contains this
     families: tuple[str, ...] = ("sandbox", "envd", "interpreter")
+    # Cases run side by side in this many workers. Each scenario makes and kills its own
+    # sandboxes and finds them by its own metadata, so cases do not see one another.
+    jobs: int = 1
 
 
 def _selected(plan: RunPlan) -> list[tuple[ClientSet, Case, str]]:
@@ -77,7 +90,7 @@ def _selected(plan: RunPlan) -> list[tuple[ClientSet, Case, str]]:
 
 
 def _run_one(plan: RunPlan, clients: ClientSet, case: Case, flavour: str) -> CaseResult:
-    info = clients.info(flavour)
+    info = clients.info(flavour, case.family)
     if clients.python is None or clients.node is None:
         return CaseResult(case.name, info, Outcome.SKIP, 0.0, case.operations, reason="client not installed")
     extra = {}
@@ -124,7 +137,7 @@ def _now() -> str:
 def run_cases(plan: RunPlan, *, on_result: Callable[[CaseResult], None] | None = None) -> RunInfo:
     started = _now()
     selected = _selected(plan)
-    results: list[CaseResult] = []
+    results: list[CaseResult | None] = [None] * len(selected)
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -134,13 +147,22 @@ def run_cases(plan: RunPlan, *, on_result: Callable[[CaseResult], None] | None =
         transient=False,
     ) as progress:
         task = progress.add_task("conformance", total=len(selected), current="")
-        for clients, case, flavour in selected:
-            progress.update(task, current=f"{flavour} {clients.info(flavour).version} {case.name}")
+        done = threading.Lock()
+
+        def one(index: int) -> None:
+            clients, case, flavour = selected[index]
+            info = clients.info(flavour, case.family)
+            progress.update(task, current=f"{flavour} {info.package} {info.version} {case.name}")
             result = _run_one(plan, clients, case, flavour)
-            results.append(result)
-            if on_result is not None:
-                on_result(result)
-            progress.advance(task)
+            with done:  # results keep the selection's order; callbacks come one at a time
+                results[index] = result
+                if on_result is not None:
+                    on_result(result)
+                progress.advance(task)
+
+        with ThreadPoolExecutor(max_workers=max(1, plan.jobs), thread_name_prefix="case") as pool:
+            for future in [pool.submit(one, index) for index in range(len(selected))]:
+                future.result()
     endpoint = plan.endpoint
     target = Target(endpoint.server, endpoint.domain, templates(selected) or endpoint.template, endpoint.backend)
     return RunInfo(
@@ -149,5 +171,5 @@ def run_cases(plan: RunPlan, *, on_result: Callable[[CaseResult], None] | None =
         started_at=started,
         finished_at=_now(),
         harness_version=HARNESS_VERSION,
-        results=tuple(results),
+        results=tuple(result for result in results if result is not None),
     )

@@ -494,12 +494,25 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     return lines
 
 
+def _column(flavour: str, packages: Mapping[str, str]) -> str:
+    if not packages:
+        return _md(flavour)
+    if len(packages) == 1:
+        return f"{_md(flavour)} {_md(next(iter(packages.values())))}"
+    named = ", ".join(f"{_md(package)} {_md(version)}" for package, version in sorted(packages.items()))
+    return f"{_md(flavour)} ({named})"
+
+
 def to_markdown(
     run: RunInfo, cov: Coverage, gate_result: GateResult, *, stale_known_failures: Sequence[KnownFailure] = ()
 ) -> str:
     target = run.target
-    versions = {r.client.flavour: r.client.version for r in _ordered_results(run)}
-    columns = [f"{_md(f)} {_md(versions[f])}" if f in versions else _md(f) for f in cov.flavours]
+    # A flavour's column names its version; with several packages (e2b and its interpreter
+    # client) each is named: "py-sync (e2b 2.32.0, e2b-code-interpreter 2.8.1)".
+    packages: dict[str, dict[str, str]] = {}
+    for result in _ordered_results(run):
+        packages.setdefault(result.client.flavour, {})[result.client.package] = result.client.version
+    columns = [_column(flavour, packages.get(flavour, {})) for flavour in cov.flavours]
     lines = [
         f"# E2B compatibility report: {_md(target.server)}",
         "",

@@ -64,6 +64,7 @@ class RunOptions:
     signing_key: Path | None
     server_name: str
     backend: str
+    jobs: int = 1  # scenario cases run side by side (``RunPlan.jobs``)
 
 
 def _probe(endpoint: Endpoint, feature: dict[str, Any]) -> tuple[bool, str]:
@@ -195,17 +196,16 @@ def _summary(console: Console, run: RunInfo, gate_passed: bool, files: Any) -> N
     table.add_column("client")
     for outcome in Outcome:
         table.add_column(outcome.value, justify="right")
-    clients = sorted({(r.client.flavour, r.client.version) for r in run.results})
-    for flavour, version in clients:
-        counts = [
-            sum(1 for r in run.results if (r.client.flavour, r.client.version) == (flavour, version) and r.outcome is o)
-            for o in Outcome
-        ]
-        table.add_row(f"{flavour} {version}", *(str(count) for count in counts))
+    clients = sorted({r.client for r in run.results}, key=lambda c: (c.flavour, c.package, c.version))
+    for client in clients:
+        counts = [sum(1 for r in run.results if r.client == client and r.outcome is o) for o in Outcome]
+        name = client.flavour if client.package == client.flavour else f"{client.flavour} {client.package}"
+        table.add_row(f"{name} {client.version}", *(str(count) for count in counts))
     console.print(table)
     for result in run.results:
         if result.outcome is Outcome.FAIL:
-            console.print(f"[red]FAIL[/red] {result.client.flavour} {result.client.version} {result.case}")
+            client = result.client
+            console.print(f"[red]FAIL[/red] {client.flavour} {client.package} {client.version} {result.case}")
             console.print("    " + result.detail.strip().splitlines()[0][:300] if result.detail else "")
     console.print(f"report: {files.directory}")
     console.print("[green]gate: passed[/green]" if gate_passed else "[red]gate: FAILED[/red]")
@@ -239,7 +239,7 @@ def main_run(options: RunOptions) -> int:
             options.endpoint_env, options.second_api_key, server=options.server_name, backend=options.backend
         )
     try:
-        plan = RunPlan(endpoint, tuple(client_sets), match=options.match)
+        plan = RunPlan(endpoint, tuple(client_sets), match=options.match, jobs=options.jobs)
         run = run_cases(plan)
         extra = run_wire_cases(endpoint.clients_env(), options.match)
         if "properties".startswith(options.match) or options.match in "properties/":

@@ -23,9 +23,9 @@ Exceptions (see ``_errors``)::
 
 from __future__ import annotations
 
-import importlib as _importlib
 from typing import TYPE_CHECKING as _TYPE_CHECKING
-from typing import Any as _Any
+
+from .lazy import lazy_getattr as _lazy_getattr
 
 if _TYPE_CHECKING:
     from ._archive import ArtifactFiles
@@ -77,13 +77,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> _Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(_importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = _lazy_getattr(__name__, _LAZY, globals())
 
 
 __all__ = [

@@ -274,6 +274,7 @@ def _conformance_run(args: argparse.Namespace) -> int:
         signing_key=args.signing_key,
         server_name=args.server_name,
         backend=args.backend,
+        jobs=args.jobs,
     )
     return main_run(options)
 
@@ -321,6 +322,9 @@ def _add_conformance_group(groups: argparse._SubParsersAction[argparse.ArgumentP
     sweep.add_argument("--python-version", action="append", metavar="VERSION", help="a Python e2b version (repeatable)")
     sweep.add_argument("--node-version", action="append", metavar="VERSION", help="an npm e2b version (repeatable)")
     run.add_argument("--match", default="", help="only cases whose name contains this")
+    run.add_argument(
+        "--jobs", type=int, default=2, choices=range(1, 9), metavar="N", help="cases run side by side (1-8; default 2)"
+    )
     run.add_argument("--output", type=Path, default=None, help="the report folder (default: a new one under --reports)")
     run.add_argument("--reports", type=Path, default=Path("reports"), help="where report folders are made")
     run.add_argument(

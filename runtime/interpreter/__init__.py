@@ -21,9 +21,9 @@ Nothing else in ``runtime`` imports this package: the agent must not load jupyte
 
 from __future__ import annotations
 
-import importlib as _importlib
 from typing import TYPE_CHECKING as _TYPE_CHECKING
-from typing import Any as _Any
+
+from contract.lazy import lazy_getattr as _lazy_getattr
 
 from ._languages import SUPPORTED_LANGUAGES
 
@@ -41,13 +41,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> _Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(_importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = _lazy_getattr(__name__, _LAZY, globals())
 
 
 __all__ = ["SUPPORTED_LANGUAGES", "Settings", "create_app", "main", "serve"]

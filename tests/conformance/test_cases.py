@@ -7,6 +7,7 @@ only show when the case runs against a live endpoint (as a crash, or as coverage
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from conformance._cases import CASES, FAMILY_TEMPLATES, Case
 from conformance._clients import NodeClients, PythonClients
 from conformance._endpoint import ExternalEndpoint
 from conformance._harness import ClientSet, templates
-from conformance._model import Outcome
+from conformance._model import ClientInfo, Outcome
 from conformance._scenarios import SCENARIOS, ScenarioRun, ScenarioRunner
 from contract import load_inventory
 
@@ -117,3 +118,26 @@ def test_a_check_that_trips_over_a_malformed_result_fails_that_case_only(
     assert result.outcome is Outcome.FAIL
     assert result.detail.startswith("check failed: KeyError: 'first'")
     assert result.traces == ("py-sync:interpreter/run/basic:done",)
+
+
+def test_interpreter_cases_are_reported_under_the_interpreter_clients(tmp_path: Path) -> None:
+    # The locks pin e2b and its interpreter client together; the interpreter cases exercise
+    # the latter, so the report must name it (and its version) for them.
+    python = PythonClients(
+        tmp_path / "python", tmp_path, "2.32.0", (("e2b", "2.32.0"), ("e2b-code-interpreter", "2.8.1"))
+    )
+    node = NodeClients(tmp_path, "2.33.0", (("e2b", "2.33.0"), ("@e2b/code-interpreter", "2.6.1")))
+    clients = ClientSet(python, node, "2.32.0", "2.33.0")
+    assert clients.info("py-async", "interpreter") == ClientInfo("py-async", "e2b-code-interpreter", "2.8.1")
+    assert clients.info("js", "interpreter") == ClientInfo("js", "@e2b/code-interpreter", "2.6.1")
+    assert clients.info("py-sync", "envd") == ClientInfo("py-sync", "e2b", "2.32.0")
+    assert clients.info("js", "sandbox") == ClientInfo("js", "e2b", "2.33.0")
+
+
+def test_the_pinned_locks_name_both_clients() -> None:
+    from conformance._clients import _node_lock, _pins, _python_lock
+
+    pins = _pins(_python_lock(None).read_text(encoding="utf-8"))
+    assert (pins["e2b"], pins["e2b-code-interpreter"]) == ("2.32.0", "2.8.1")
+    node = json.loads((_node_lock(None) / "package.json").read_text(encoding="utf-8"))["dependencies"]
+    assert (node["e2b"], node["@e2b/code-interpreter"]) == ("2.33.0", "2.6.1")

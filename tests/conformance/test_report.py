@@ -471,3 +471,14 @@ def test_a_run_over_two_templates_names_both() -> None:
 
 def test_operation_ids_used_here_exist() -> None:
     assert {op for r in MIXED.results for op in r.operations} <= {op.id for op in INVENTORY}
+
+
+def test_a_flavour_column_names_every_client_package_it_ran() -> None:
+    from conformance._report import _column
+
+    assert _column("py-sync", {}) == "py-sync"
+    assert _column("py-sync", {"e2b": "2.32.0"}) == "py-sync 2.32.0"
+    assert (
+        _column("js", {"e2b": "2.33.0", "@e2b/code-interpreter": "2.6.1"})
+        == "js (@e2b/code-interpreter 2.6.1, e2b 2.33.0)"
+    )

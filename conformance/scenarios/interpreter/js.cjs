@@ -285,7 +285,9 @@ async function main() {
     await sbx.kill()
   }
   trace('done')
-  console.log(JSON.stringify(result))
+  // Exit once the result is written: after an error answer runCode throws without clearing
+  // its request timer, which would keep node alive for requestTimeoutMs (60 s) doing nothing.
+  process.stdout.write(JSON.stringify(result) + '\n', () => process.exit(0))
 }
 
 main().catch((err) => {

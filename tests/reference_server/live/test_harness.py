@@ -47,6 +47,7 @@ def test_a_full_run_is_signed_and_passes_the_gate(live_server: LiveServer, tmp_p
         signing_key=tmp_path / "signing-key.pem",
         server_name="e2b-compat reference server",
         backend="crun",
+        jobs=3,  # also shows that cases run side by side do not disturb one another
     )
     assert main_run(options) == 0, (tmp_path / "report" / "report.md").read_text()
     report = tmp_path / "report" / "report.json"
