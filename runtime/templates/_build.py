@@ -9,8 +9,10 @@ of its overlay. Cache layout::
 
 ``os`` is a debootstrap of bookworm plus the sandbox user; ``base`` is a copy of it plus
 the agent in ``/opt/e2b-compat/venv``; ``code-interpreter-v1`` is a copy of ``base`` plus
-the kernels' locked environment in ``/opt/e2b-compat/kernel`` (``_kernels``), and its agent
-starts the interpreter server (see ``_keys`` for what decides each key). A
+the ``kernels`` layer (the kernels' locked environment in ``/opt/e2b-compat/kernel``, built
+once per lock, see ``_kernels``), and its agent starts the interpreter server (see ``_keys``
+for what decides each key). ``kernels`` is not a root filesystem of its own: it holds only
+the paths it adds. A
 template is built in ``.<name>-<key16>.build-XXXX/`` beside its final place and renamed
 into it as the last step, so a folder under its final name is complete and is reused as
 it is. Builds take an exclusive lock, so concurrent callers wait and then reuse the
@@ -260,37 +262,65 @@ def _build_base(tmp: Path, os_layer: Template, tree: _keys.SourceTree, progress:
     return {"from": os_layer.path.name, "wheels": wheels}
 
 
-# --- the code-interpreter-v1 layer ---
+# --- the kernels layer and code-interpreter-v1 ---
 
 # Imported as the sandbox user, which also leaves matplotlib's font cache in the user's
 # home: without it the first plot in every new sandbox would spend seconds building it.
 _KERNEL_CHECK = "import ipykernel, bash_kernel, numpy, pandas, PIL, e2b_charts, matplotlib.pyplot"
 _SERVER_CHECK = "import runtime.interpreter, jupyter_client"
+# What the kernels layer keeps of the rootfs it was built in: the venv and the caches its
+# import check made in the user's home. Everything else is the os layer's, unchanged.
+_KERNEL_PATHS = (_keys.KERNEL_VENV, f"{_keys.USER_HOME}/.cache")
+_OWNER = f"{_keys.USER_ID}:{_keys.USER_ID}"
 
 
-def _build_interpreter(tmp: Path, base: Template, wheelhouse: Path, progress: Progress) -> dict[str, object]:
-    rootfs = tmp / "rootfs"
+def _check_kernels_as_user(rootfs: Path) -> None:
+    as_user = ["chroot", f"--userspec={_OWNER}", str(rootfs), f"{_keys.KERNEL_VENV}/bin/python", "-c", _KERNEL_CHECK]
+    run(as_user, "importing the kernels' packages as the sandbox user", env={**CHROOT_ENV, "HOME": _keys.USER_HOME})
+
+
+def _build_kernels(tmp: Path, os_layer: Template, wheelhouse: Path, progress: Progress) -> dict[str, object]:
+    """The kernels' venv, built in a scratch copy of ``os`` (its python makes the venv); only
+    ``_KERNEL_PATHS`` are kept, so ``code-interpreter-v1`` copies them onto ``base`` in seconds
+    instead of installing the wheels again after every change of the project's code."""
+    scratch = tmp / "scratch"
     venv = _keys.KERNEL_VENV
-    with step(progress, f"copying {base.path.name}"):
-        run(["cp", "-a", "--reflink=auto", str(base.rootfs), str(rootfs)], "copying the base layer")
-    with step(progress, f"creating {venv} with the rootfs python"):
-        in_root(rootfs, ["python3", "-m", "venv", venv], "creating the kernels' virtualenv")
-    inside = rootfs / _WHEELHOUSE.lstrip("/")
+    with step(progress, f"copying {os_layer.path.name} to build {venv} in"):
+        run(["cp", "-a", "--reflink=auto", str(os_layer.rootfs), str(scratch)], "copying the os layer")
+        in_root(scratch, ["python3", "-m", "venv", venv], "creating the kernels' virtualenv")
+    inside = scratch / _WHEELHOUSE.lstrip("/")
     shutil.copytree(wheelhouse, inside)
     wheels = sorted(path.name for path in inside.glob("*.whl"))
     with step(progress, f"installing {len(wheels)} locked wheels into {venv} (--require-hashes)") as out:
         install = [f"{venv}/bin/pip", "install", "--no-index", "--find-links", _WHEELHOUSE, "--require-hashes"]
         flags = ["--only-binary=:all:", "--no-cache-dir", "--no-input", "--disable-pip-version-check"]
         lock = f"{_WHEELHOUSE}/kernels.lock"
-        in_root(rootfs, [*install, *flags, "-r", lock], "pip install of the kernels' lock", detail=out)
+        in_root(scratch, [*install, *flags, "-r", lock], "pip install of the kernels' lock", detail=out)
         shutil.rmtree(inside)
-    owner = f"{_keys.USER_ID}:{_keys.USER_ID}"
     with step(progress, f"handing {venv} to {_keys.USER!r}; importing the kernels' packages as it"):
-        run(["chown", "-R", "--no-dereference", owner, str(rootfs / venv.lstrip("/"))], "chown of the kernels' venv")
-        as_user = ["chroot", f"--userspec={owner}", str(rootfs), f"{venv}/bin/python", "-c", _KERNEL_CHECK]
-        run(as_user, "importing the kernels' packages", env={**CHROOT_ENV, "HOME": _keys.USER_HOME})
+        run(["chown", "-R", "--no-dereference", _OWNER, str(scratch / venv.lstrip("/"))], "chown of the kernels' venv")
+        _check_kernels_as_user(scratch)
+    rootfs = tmp / "rootfs"
+    rootfs.mkdir()
+    rootfs.chmod(0o755)
+    for path in _KERNEL_PATHS:
+        source = scratch / path.lstrip("/")
+        if source.exists():
+            # --parents keeps the folders above it with the os layer's owners and modes.
+            run(["cp", "-a", "--parents", path.lstrip("/"), str(rootfs)], f"keeping {path}", cwd=scratch)
+    remove_tree(scratch)
+    return {"from": os_layer.path.name, "kernel_wheels": wheels, "paths": list(_KERNEL_PATHS)}
+
+
+def _build_interpreter(tmp: Path, base: Template, kernels: Template, progress: Progress) -> dict[str, object]:
+    rootfs = tmp / "rootfs"
+    with step(progress, f"copying {base.path.name}, then {kernels.path.name} onto it"):
+        run(["cp", "-a", "--reflink=auto", str(base.rootfs), str(rootfs)], "copying the base layer")
+        run(["cp", "-a", "--reflink=auto", f"{kernels.rootfs}/.", str(rootfs)], "copying the kernels layer")
+    with step(progress, "importing the kernels' packages and the interpreter server"):
+        _check_kernels_as_user(rootfs)
         in_root(rootfs, [f"{_keys.VENV}/bin/python", "-c", _SERVER_CHECK], "importing the interpreter server")
-    return {"from": base.path.name, "kernel_wheels": wheels}
+    return {"from": [base.path.name, kernels.path.name]}
 
 
 # --- entry point ---
@@ -321,8 +351,9 @@ def ensure_template(
     recipe_base = None if tree is None else _keys.base_recipe(key_os, tree)
     recipe = recipe_os if recipe_base is None else recipe_base
     lock = _kernels.read_lock() if name == _keys.INTERPRETER_TEMPLATE else None
-    if recipe_base is not None and lock is not None:
-        recipe = _keys.interpreter_recipe(_keys.recipe_key(recipe_base), lock)
+    recipe_kernels = None if lock is None else _keys.kernels_recipe(key_os, lock)
+    if recipe_base is not None and recipe_kernels is not None:
+        recipe = _keys.interpreter_recipe(_keys.recipe_key(recipe_base), _keys.recipe_key(recipe_kernels))
     key = _keys.recipe_key(recipe)
     cached = _load(root / f"{name}-{key[:16]}")
     if cached is not None:
@@ -347,15 +378,26 @@ def ensure_template(
                 agent_command=_keys.AGENT_COMMAND,
                 build=lambda tmp: _build_base(tmp, os_layer, tree, report),
             )
-            if lock is not None:
-                wheelhouse = _kernels.ensure_wheelhouse(root.parent, lock)
+            if lock is not None and recipe_kernels is not None:
+                locked = lock
+                kernels = _materialize(
+                    root,
+                    "kernels",
+                    _keys.recipe_key(recipe_kernels),
+                    recipe=recipe_kernels,
+                    agent_command=(),
+                    # The wheels are fetched (once per lock) only when the layer is built.
+                    build=lambda tmp: _build_kernels(
+                        tmp, os_layer, _kernels.ensure_wheelhouse(root.parent, locked), report
+                    ),
+                )
                 template = _materialize(
                     root,
                     name,
                     key,
                     recipe=recipe,
                     agent_command=_keys.INTERPRETER_AGENT_COMMAND,
-                    build=lambda tmp: _build_interpreter(tmp, base, wheelhouse, report),
+                    build=lambda tmp: _build_interpreter(tmp, base, kernels, report),
                 )
     report(ProgressEvent(f"template {template.path.name} ready in {time.monotonic() - started:.1f} s", "note"))
     if tree is not None:

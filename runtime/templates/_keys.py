@@ -31,6 +31,7 @@ __all__ = [
     "base_recipe",
     "debian_arch",
     "interpreter_recipe",
+    "kernels_recipe",
     "os_layer_key",
     "os_recipe",
     "read_source_tree",
@@ -40,7 +41,8 @@ __all__ = [
 # Bump when a build step changes what ends up in the layer without changing its inputs.
 OS_RECIPE_VERSION = 1
 BASE_RECIPE_VERSION = 1
-INTERPRETER_RECIPE_VERSION = 1
+INTERPRETER_RECIPE_VERSION = 2
+KERNELS_RECIPE_VERSION = 1
 
 SUITE = "bookworm"
 VARIANT = "minbase"
@@ -202,13 +204,24 @@ def base_layer_key(os_key: str, repo: Path) -> str:
     return recipe_key(base_recipe(os_key, read_source_tree(repo)))
 
 
-def interpreter_recipe(base_key: str, lock: bytes) -> dict[str, object]:
-    """``code-interpreter-v1``'s recipe: the ``base`` layer it copies and the kernels' lock."""
+def kernels_recipe(os_key: str, lock: bytes) -> dict[str, object]:
+    """The ``kernels`` layer's recipe: the ``os`` layer whose python makes the venv, and the lock."""
+    return {
+        "layer": "kernels",
+        "version": KERNELS_RECIPE_VERSION,
+        "os_key": os_key,
+        "kernel_venv": KERNEL_VENV,
+        "owner": USER_ID,
+        "kernel_lock_sha256": hashlib.sha256(lock).hexdigest(),
+    }
+
+
+def interpreter_recipe(base_key: str, kernels_key: str) -> dict[str, object]:
+    """``code-interpreter-v1``'s recipe: the ``base`` layer it copies and the ``kernels`` layer put on it."""
     return {
         "layer": INTERPRETER_TEMPLATE,
         "version": INTERPRETER_RECIPE_VERSION,
         "base_key": base_key,
-        "kernel_venv": KERNEL_VENV,
-        "kernel_lock_sha256": hashlib.sha256(lock).hexdigest(),
+        "kernels_key": kernels_key,
         "agent_command": list(INTERPRETER_AGENT_COMMAND),
     }

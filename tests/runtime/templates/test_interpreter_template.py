@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,11 +76,15 @@ def test_a_machine_without_a_lock_is_told_how_to_make_one(tmp_path: Path) -> Non
         _kernels.read_lock(tmp_path / "kernels.cp399-sparc.lock")
 
 
-def test_the_key_follows_the_base_and_the_lock() -> None:
-    key = _keys.recipe_key(_keys.interpreter_recipe("a" * 64, b"lock"))
-    assert key == _keys.recipe_key(_keys.interpreter_recipe("a" * 64, b"lock"))
-    assert key != _keys.recipe_key(_keys.interpreter_recipe("b" * 64, b"lock"))
-    assert key != _keys.recipe_key(_keys.interpreter_recipe("a" * 64, b"lock2"))
+def test_the_keys_follow_the_layers_below_and_the_lock() -> None:
+    kernels = _keys.recipe_key(_keys.kernels_recipe("o" * 64, b"lock"))
+    assert kernels == _keys.recipe_key(_keys.kernels_recipe("o" * 64, b"lock"))
+    assert kernels != _keys.recipe_key(_keys.kernels_recipe("p" * 64, b"lock"))
+    assert kernels != _keys.recipe_key(_keys.kernels_recipe("o" * 64, b"lock2"))
+    key = _keys.recipe_key(_keys.interpreter_recipe("a" * 64, kernels))
+    assert key == _keys.recipe_key(_keys.interpreter_recipe("a" * 64, kernels))
+    assert key != _keys.recipe_key(_keys.interpreter_recipe("b" * 64, kernels))
+    assert key != _keys.recipe_key(_keys.interpreter_recipe("a" * 64, "k" * 64))
 
 
 def test_the_agent_command_starts_the_interpreter_as_the_sandbox_user() -> None:
@@ -137,8 +142,22 @@ def test_metadata_names_its_base_and_the_interpreter_command(interpreter_templat
     assert interpreter_template.agent_command == _keys.INTERPRETER_AGENT_COMMAND
     base = ensure_template("base", progress=PlainProgress())
     assert meta["recipe"]["base_key"] == base.key
-    assert meta["from"] == base.path.name
-    assert any(name.startswith("ipykernel-") for name in meta["kernel_wheels"])
+    kernels_key = _keys.recipe_key(_keys.kernels_recipe(meta_of(base)["recipe"]["os_key"], _kernels.read_lock()))
+    assert meta["recipe"]["kernels_key"] == kernels_key
+    assert meta["from"] == [base.path.name, f"kernels-{kernels_key[:16]}"]
+    # The kernels layer holds only what it adds to the os layer, and says which wheels.
+    kernels = base.path.parent / f"kernels-{kernels_key[:16]}"
+    assert sorted(p.name for p in (kernels / "rootfs").iterdir()) == ["home", "opt"]
+    assert any(name.startswith("ipykernel-") for name in meta_of_path(kernels)["kernel_wheels"])
+
+
+def meta_of(template: Template) -> dict[str, Any]:
+    return meta_of_path(template.path)
+
+
+def meta_of_path(path: Path) -> dict[str, Any]:
+    meta: dict[str, Any] = json.loads((path / "template.json").read_text())
+    return meta
 
 
 @pytest.mark.artifacts
