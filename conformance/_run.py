@@ -193,7 +193,7 @@ def _client_sets(options: RunOptions, console: Console) -> list[ClientSet]:
 
 def _summary(console: Console, run: RunInfo, gate_passed: bool, files: Any) -> None:
     table = Table(title="conformance results")
-    table.add_column("client")
+    table.add_column("client", no_wrap=True)
     for outcome in Outcome:
         table.add_column(outcome.value, justify="right")
     clients = sorted({r.client for r in run.results}, key=lambda c: (c.flavour, c.package, c.version))
