@@ -28,7 +28,7 @@ from typing import Any
 from conformance._clients import ensure_python_clients
 from conformance._endpoint import EndpointError, ManagedServer
 
-from .server import _quantiles
+from .server import quantiles, write_report
 
 HERE = Path(__file__).parent
 REPO = HERE.parent
@@ -88,12 +88,12 @@ def run(sandboxes: int, runs: int, budget_s: float) -> dict[str, Any]:
     if not samples["interpreter_total"] or not samples["warm_run_code"]:
         raise SystemExit(f"no samples within the budget: {client['done']}")
     report: dict[str, Any] = {
-        "interpreter: create": _quantiles(samples["interpreter_create"]),
-        "interpreter: first run_code after create": _quantiles(samples["interpreter_first_run"]),
-        FIRST: _quantiles(samples["interpreter_total"]),
-        FIRST_FLOOR: _quantiles(samples["base_total"]),
-        WARM: _quantiles(samples["warm_run_code"]),
-        WARM_FLOOR: _quantiles(samples["warm_commands_run"]),
+        "interpreter: create": quantiles(samples["interpreter_create"]),
+        "interpreter: first run_code after create": quantiles(samples["interpreter_first_run"]),
+        FIRST: quantiles(samples["interpreter_total"]),
+        FIRST_FLOOR: quantiles(samples["base_total"]),
+        WARM: quantiles(samples["warm_run_code"]),
+        WARM_FLOOR: quantiles(samples["warm_commands_run"]),
     }
     report[f"ratio: {FIRST} / floor (p50)"] = {"ratio": report[FIRST]["p50_ms"] / report[FIRST_FLOOR]["p50_ms"]}
     report[f"ratio: {WARM} / floor (p50)"] = {"ratio": report[WARM]["p50_ms"] / report[WARM_FLOOR]["p50_ms"]}
@@ -113,16 +113,7 @@ def main() -> None:
     sandboxes = _bounded(args.sandboxes, MAX_SANDBOXES, "sandboxes")
     runs = _bounded(args.runs, MAX_RUNS, "runs")
     report = run(sandboxes, runs, args.budget_seconds)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
-    for name, values in report.items():
-        if name == "done":
-            print(f"{'done':55} {values}")
-        elif "ratio" in values:
-            print(f"{name:55} {values['ratio']:8.2f}")
-        else:
-            print(f"{name:55} p50 {values['p50_ms']:8.1f} ms   p90 {values['p90_ms']:8.1f} ms   n={values['n']}")
-    print(f"written to {args.output}")
+    write_report(report, args.output, width=55)
 
 
 if __name__ == "__main__":

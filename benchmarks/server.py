@@ -35,7 +35,7 @@ HERE = Path(__file__).parent
 REPO = HERE.parent
 
 
-def _quantiles(samples: list[float]) -> dict[str, float]:
+def quantiles(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     deciles = statistics.quantiles(ordered, n=10, method="inclusive") if len(ordered) > 1 else ordered * 9
     return {"p50_ms": statistics.median(ordered) * 1000, "p90_ms": deciles[8] * 1000, "n": len(ordered)}
@@ -132,8 +132,8 @@ def run(sandboxes: int) -> dict[str, Any]:
         backend = CrunBackend(data_dir / "runtime")
         floor = asyncio.run(_floor(backend, sandboxes))
         shutil.rmtree(data_dir / "runtime", ignore_errors=True)
-    report = {name: _quantiles(samples) for name, samples in client.items()}
-    report["floor: crun create -> agent healthy"] = _quantiles(floor)
+    report = {name: quantiles(samples) for name, samples in client.items()}
+    report["floor: crun create -> agent healthy"] = quantiles(floor)
     floor_p50 = report["floor: crun create -> agent healthy"]["p50_ms"]
     report["ratio: create -> first run / floor (p50)"] = {"ratio": report["total"]["p50_ms"] / floor_p50}
     return report
@@ -147,14 +147,21 @@ def main() -> None:
     if os.geteuid() != 0:
         raise SystemExit("the server benchmark runs real crun sandboxes: it needs root")
     report = run(args.sandboxes)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(report, args.output, width=45)
+
+
+def write_report(report: dict[str, Any], output: Path, *, width: int) -> None:
+    """Write ``report`` as JSON to ``output`` and print it: quantiles, ratios, anything else as is."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=2) + "\n")
     for name, values in report.items():
-        if "ratio" in values:
-            print(f"{name:45} {values['ratio']:8.2f}")
+        if isinstance(values, dict) and "ratio" in values:
+            print(f"{name:{width}} {values['ratio']:8.2f}")
+        elif isinstance(values, dict) and "p50_ms" in values:
+            print(f"{name:{width}} p50 {values['p50_ms']:8.1f} ms   p90 {values['p90_ms']:8.1f} ms   n={values['n']}")
         else:
-            print(f"{name:45} p50 {values['p50_ms']:8.1f} ms   p90 {values['p90_ms']:8.1f} ms   n={values['n']}")
-    print(f"written to {args.output}")
+            print(f"{name:{width}} {values}")
+    print(f"written to {output}")
 
 
 if __name__ == "__main__":

@@ -98,8 +98,7 @@ def ensure_wheelhouse(cache_root: Path, lock: bytes) -> Path:
         download = [*_PIP, "download", "--only-binary=:all:", "--no-deps", "--require-hashes", *_QUIET]
         # The host's pip settings say how to reach an index; a constraints file there
         # would only fight the exact pins.
-        env = {key: value for key, value in os.environ.items() if key != "PIP_CONSTRAINT"}
-        env["PIP_CONSTRAINT"] = ""
+        env = {**os.environ, "PIP_CONSTRAINT": ""}
         run([*download, "--dest", str(tmp), "-r", str(tmp / "kernels.lock")], "downloading the kernel wheels", env=env)
         (tmp / "complete").write_text(digest + "\n", encoding="utf-8")
         shutil.rmtree(final, ignore_errors=True)
