@@ -23,10 +23,11 @@ from typing import Any
 
 import httpx
 
-from conformance._clients import ensure_python_clients
+from conformance import ensure_python_clients
+from contract.protocol import ENVD_PORT
 
 HERE = Path(__file__).parent
-PORT = 49983
+PORT = ENVD_PORT
 
 
 def _spawn_samples(argv: list[str], iterations: int) -> list[float]:

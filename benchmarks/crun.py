@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runtime import _host
-from runtime._backend import Limits, SandboxSpec
-from runtime._crun import CrunBackend
+from runtime import host
+from runtime.backend import Limits, SandboxSpec
+from runtime.crun import CrunBackend
 from runtime.templates import ensure_template
 
 HERE = Path(__file__).parent
@@ -110,7 +110,7 @@ def _available_memory() -> int:
 
 
 def run(iterations: int, idle: int) -> dict[str, Any]:
-    _host.prepare()
+    host.prepare()
     template = ensure_template("base")
     state = Path(tempfile.mkdtemp(prefix="crun-bench-", dir="/var/tmp"))
     state.chmod(0o755)  # sandbox root is an unprivileged host uid that must reach its bundle

@@ -25,8 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from conformance._clients import ensure_python_clients
-from conformance._endpoint import EndpointError, ManagedServer
+from conformance import EndpointError, ManagedServer, ensure_python_clients
 
 from .server import quantiles, write_report
 

@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conformance._clients import ensure_python_clients
-from reference_server._server import READY_LINE
-from runtime._backend import SandboxSpec
-from runtime._crun import CrunBackend
+from conformance import ensure_python_clients
+from reference_server import READY_LINE
+from runtime.backend import SandboxSpec
+from runtime.crun import CrunBackend
 
 HERE = Path(__file__).parent
 REPO = HERE.parent

@@ -13,9 +13,9 @@ from contract.lazy import lazy_getattr as _lazy_getattr
 if _TYPE_CHECKING:
     from ._cases import CASES, Case
     from ._clients import ensure_node_clients, ensure_python_clients
-    from ._endpoint import ExternalEndpoint, ManagedServer
+    from ._endpoint import EndpointError, ExternalEndpoint, ManagedServer
     from ._model import CaseResult, ClientInfo, Outcome, RunInfo, Target
-    from ._run import RunOptions, main_run
+    from ._run import RunOptions, endpoint_from_environment, main_run
     from ._signing import verify
 
 # Loaded on first use (PEP 562): the scenario and client modules must not pull in the report stack.
@@ -24,6 +24,7 @@ _LAZY = {
     "Case": "_cases",
     "ensure_node_clients": "_clients",
     "ensure_python_clients": "_clients",
+    "EndpointError": "_endpoint",
     "ExternalEndpoint": "_endpoint",
     "ManagedServer": "_endpoint",
     "CaseResult": "_model",
@@ -32,6 +33,7 @@ _LAZY = {
     "RunInfo": "_model",
     "Target": "_model",
     "RunOptions": "_run",
+    "endpoint_from_environment": "_run",
     "main_run": "_run",
     "verify": "_signing",
 }
@@ -45,12 +47,14 @@ __all__ = [
     "Case",
     "CaseResult",
     "ClientInfo",
+    "EndpointError",
     "ExternalEndpoint",
     "ManagedServer",
     "Outcome",
     "RunInfo",
     "RunOptions",
     "Target",
+    "endpoint_from_environment",
     "ensure_node_clients",
     "ensure_python_clients",
     "main_run",

@@ -19,6 +19,9 @@ from email.utils import collapse_rfc2231_value
 from typing import Any
 from urllib.parse import parse_qsl
 
+from contract import protocol
+from contract.protocol import ACCESS_TOKEN_HEADER, API_KEY_HEADER, CONNECT_STREAM_PREFIX, TRAFFIC_TOKEN_HEADER
+
 # Fixed values the fixture answers with: the same in every run, so the clients send the same.
 
 __all__ = [
@@ -34,17 +37,16 @@ __all__ = [
 ]
 
 _REDACTED = {
-    "x-api-key": "<key>",
-    "x-access-token": "<token>",
-    "e2b-traffic-access-token": "<token>",
+    API_KEY_HEADER.lower(): "<key>",
+    ACCESS_TOKEN_HEADER.lower(): "<token>",
+    TRAFFIC_TOKEN_HEADER.lower(): "<token>",
     "x-supabase-token": "<token>",
 }
 # Values that differ between machines or runs while the request means the same.
 _VOLATILE = {"host": "<host>", "content-length": "<length>", "lang_version": "<runtime version>", "system": "<system>"}
 _BOUNDARY = re.compile(r"(boundary=)(\"[^\"]*\"|[^;\s]+)", re.IGNORECASE)
 _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:?\d{2})?")
-END_STREAM = 0x02
-_COMPRESSED = 0x01
+END_STREAM = protocol.FLAG_END_STREAM
 
 
 # --- canonicalization (pure) ---
@@ -78,33 +80,30 @@ def _json(data: bytes) -> Any:
 
 
 def decode_envelopes(data: bytes) -> list[dict[str, Any]]:
-    """Connect envelopes (1 flag byte, 4-byte big-endian length, message) with their JSON messages parsed."""
+    """Connect envelopes (``contract.protocol``) with their JSON messages parsed; a truncated end becomes a digest."""
     frames: list[dict[str, Any]] = []
-    offset = 0
-    while offset < len(data):
-        if len(data) - offset < 5:
-            frames.append({"truncated": _digest(data[offset:])})
+    while data:
+        envelope, data = protocol.split_envelope(data)
+        if envelope is None:  # what is left is not a whole envelope
+            if len(data) < protocol.ENVELOPE_HEADER_SIZE:
+                frames.append({"truncated": _digest(data)})
+            else:
+                frames.append({"flags": data[0], "truncated": _digest(data[protocol.ENVELOPE_HEADER_SIZE :])})
             break
-        flags = data[offset]
-        length = int.from_bytes(data[offset + 1 : offset + 5], "big")
-        message = data[offset + 5 : offset + 5 + length]
-        offset += 5 + length
-        if len(message) < length:
-            frames.append({"flags": flags, "truncated": _digest(message)})
-            break
-        if flags & _COMPRESSED:
+        message = envelope.payload
+        if envelope.compressed:
             try:
                 message = gzip.decompress(message)
             except (OSError, EOFError):
-                frames.append({"flags": flags, "message": {"not_gzip": _digest(message)}})
+                frames.append({"flags": envelope.flags, "message": {"not_gzip": _digest(message)}})
                 continue
-        frames.append({"flags": flags, "message": _json(message)})
+        frames.append({"flags": envelope.flags, "message": _json(message)})
     return frames
 
 
 def encode_envelope(message: bytes, flags: int = 0) -> bytes:
     """One Connect envelope around ``message``."""
-    return bytes([flags]) + len(message).to_bytes(4, "big") + message
+    return protocol.encode_envelope(message, flags=flags)
 
 
 def boundary_of(content_type: str) -> bytes | None:
@@ -150,7 +149,7 @@ def canonical_body(content_type: str, body: bytes, content_encoding: str = "") -
     if not body:
         return None
     media = content_type.split(";", 1)[0].strip().lower()
-    if media.startswith("application/connect+"):
+    if media.startswith(CONNECT_STREAM_PREFIX):
         return {"connect": decode_envelopes(body)}
     if media == "application/json" or media.endswith("+json"):
         return {"json": _json(body)}

@@ -13,6 +13,8 @@ import math
 import re
 from typing import Any
 
+from contract.protocol import INTERPRETER_PORT
+
 __all__: list[str] = []  # the checks are reached through ``_cases.CASES``
 
 SANDBOX_HOME = "/home/user"
@@ -433,8 +435,8 @@ def interpreter_languages(r: dict[str, Any], work: str) -> None:
 
 def interpreter_private_traffic(r: dict[str, Any], work: str) -> None:
     assert r["has_token"] is True, "create answers a trafficAccessToken when public traffic is off"
-    assert r["without"] == 403, f"port 49999 without the traffic token answered {r['without']}"
-    assert r["with"] == 200, f"port 49999 with the traffic token answered {r['with']}"
+    assert r["without"] == 403, f"port {INTERPRETER_PORT} without the traffic token answered {r['without']}"
+    assert r["with"] == 200, f"port {INTERPRETER_PORT} with the traffic token answered {r['with']}"
     try:
         body = json.loads(r["with_body"])
     except ValueError:

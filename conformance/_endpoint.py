@@ -172,7 +172,7 @@ class ManagedServer:
         """After the server stopped: kill every sandbox its runtime still has (nothing may leak)."""
         import asyncio  # noqa: PLC0415
 
-        from runtime._crun import CrunBackend  # noqa: PLC0415 - only a managed crun server has a runtime here
+        from runtime.crun import CrunBackend  # noqa: PLC0415 - only a managed crun server has a runtime here
 
         backend = CrunBackend(self.data_dir / "runtime")
 

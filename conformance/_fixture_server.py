@@ -28,6 +28,14 @@ from starlette.routing import Route
 
 from contract.generated.filesystem import filesystem_pb2
 from contract.generated.process import process_pb2
+from contract.protocol import (
+    ACCESS_TOKEN_HEADER,
+    API_KEY_HEADER,
+    CONNECT_JSON,
+    CONNECT_STREAM_JSON,
+    NEXT_TOKEN_HEADER,
+    SANDBOX_ID_HEADER,
+)
 
 from ._canonical import END_STREAM, boundary_of, canonical_request, decode_envelopes, encode_envelope, multipart_parts
 
@@ -68,7 +76,7 @@ class _Sandbox:
 
 
 def _error(status: int, message: str) -> JSONResponse:
-    # The control plane's error body; JS tells 404 from 409 by its "code" (PROTOCOL.md §8.1).
+    # The control plane's error body; JS tells 404 from 409 by its "code" (docs/PROTOCOL-NOTES.md).
     return JSONResponse({"code": status, "message": message}, status_code=status)
 
 
@@ -81,7 +89,7 @@ def _message_json(message: Message) -> bytes:
 
 
 def _unary(message: Message) -> Response:
-    return Response(_message_json(message), media_type="application/json")
+    return Response(_message_json(message), media_type=CONNECT_JSON)
 
 
 def _entry(path: str, is_dir: bool) -> filesystem_pb2.EntryInfo:
@@ -147,7 +155,7 @@ class _Fixture:
         offset = int(query.get("nextToken", "fixture-next-0").rsplit("-", 1)[-1])
         limit = int(query.get("limit", "100"))
         page = items[offset : offset + limit]
-        headers = {"x-next-token": f"fixture-next-{offset + limit}"} if len(page) == limit else {}
+        headers = {NEXT_TOKEN_HEADER: f"fixture-next-{offset + limit}"} if len(page) == limit else {}
         return page, headers
 
     def control_plane(self, method: str, parts: list[str], query: Mapping[str, str], body: Any) -> Response | None:
@@ -240,7 +248,7 @@ class _Fixture:
         if path not in procedures:
             return None
         message_type, answer = procedures[path]
-        streaming = request.headers.get("content-type", "").startswith("application/connect+json")
+        streaming = request.headers.get("content-type", "").startswith(CONNECT_STREAM_JSON)
         payload = body
         if streaming:
             frames = decode_envelopes(body)
@@ -259,7 +267,8 @@ class _Fixture:
         boundary = boundary_of(content_type)
         if content_type.startswith("multipart/") and boundary:
             parts = [part for part in multipart_parts(body, boundary) if part.name == "file"]
-            # The path parameter names the file only when exactly one is sent (PROTOCOL.md §7).
+            # The path parameter names the file only when exactly one is sent
+            # (docs/PROTOCOL-NOTES.md, envd HTTP routes).
             targets = [query_path] if query_path and len(parts) == 1 else [part.filename or "" for part in parts]
         else:
             targets = [query_path or ""]
@@ -278,7 +287,7 @@ class _Fixture:
         ]
         frames = b"".join(encode_envelope(_message_json(process_pb2.StartResponse(event=e))) for e in events)
         frames += encode_envelope(b"{}", END_STREAM)
-        return Response(frames, media_type="application/connect+json")
+        return Response(frames, media_type=CONNECT_STREAM_JSON)
 
     def _stat(self, sbx: _Sandbox, request: filesystem_pb2.StatRequest) -> Response:
         path = self._path(request.path)
@@ -304,15 +313,15 @@ class _Fixture:
 
     def answer(self, request: Request, body: bytes) -> Response:
         """Route one request: envd when it names a sandbox by header (Profile A), else the control plane."""
-        sandbox_id = request.headers.get("e2b-sandbox-id")
+        sandbox_id = request.headers.get(SANDBOX_ID_HEADER)
         if sandbox_id is not None:
             sbx = self._live(sandbox_id)
             if sbx is None:
                 return _error(502, f"sandbox '{sandbox_id}' is not running")
-            if request.headers.get("x-access-token") != ENVD_TOKEN:
+            if request.headers.get(ACCESS_TOKEN_HEADER) != ENVD_TOKEN:
                 return _error(401, "missing or wrong access token")
             return self.envd(request, sbx, body) or _error(501, NOT_RECORDED)
-        if request.headers.get("x-api-key") != API_KEY:
+        if request.headers.get(API_KEY_HEADER) != API_KEY:
             return _error(401, "missing or wrong API key")
         parsed: Any = None
         if body:

@@ -2,7 +2,7 @@
 
 A deterministic, stateful fixture server (plain HTTP on 127.0.0.1, an ephemeral port) answers like
 an E2B endpoint well enough for one fixed script per client flavour (``recorder/py_sync.py``,
-``py_async.py``, ``js.cjs``) to complete. The clients reach it through PROTOCOL.md §7 "Profile A"
+``py_async.py``, ``js.cjs``) to complete. The clients reach it through one base URL for everything
 (``E2B_API_URL`` and ``E2B_SANDBOX_URL`` both at the server, so envd requests carry
 ``E2b-Sandbox-Id``/``E2b-Sandbox-Port``). Every request is recorded as one canonical JSON line::
 

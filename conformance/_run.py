@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from contract import load_inventory
+from contract.protocol import API_KEY_HEADER
 
 from ._clients import verify_node_clients, verify_python_clients
 from ._endpoint import Endpoint, EndpointError, ExternalEndpoint, ManagedServer
@@ -74,7 +75,9 @@ def _probe(endpoint: Endpoint, feature: dict[str, Any]) -> tuple[bool, str]:
     probe = feature["probe"]
     url = f"https://api.{env['E2B_DOMAIN']}{probe['path']}"
     with httpx.Client(verify=context, timeout=60, trust_env=False) as http:
-        response = http.request(probe["method"], url, json=probe.get("body"), headers={"X-API-Key": env["E2B_API_KEY"]})
+        response = http.request(
+            probe["method"], url, json=probe.get("body"), headers={API_KEY_HEADER: env["E2B_API_KEY"]}
+        )
     expected = feature["upstream"]
     try:
         body = response.json()

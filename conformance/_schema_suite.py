@@ -58,6 +58,7 @@ from schemathesis.schemas import APIOperation
 from werkzeug.datastructures import Headers
 
 from contract import load_inventory
+from contract.protocol import API_KEY_HEADER
 
 _Operation = APIOperation[Any, Any, Any, Any]
 _Case = Case[Any]
@@ -523,7 +524,7 @@ class _Run:
     # -- sending --
 
     def send(self, case: _Case, key: str | None) -> StResponse:
-        headers = {} if key is None else {"X-API-Key": key}
+        headers = {} if key is None else {API_KEY_HEADER: key}
         self.requests += 1
         if self.app is not None:
             return case.call(base_url=self.base_url, headers=headers, app=self.app)

@@ -2,13 +2,13 @@
 
 The official clients hide the wire: a create answered 200 instead of 201 surfaces as "Body of the
 request is None", a dropped stream event as a shorter stdout. These cases send the requests the
-clients send (PROTOCOL.md §2, §4) with httpx and compare the answers field by field, so a failure
-names the request that differed and what came back. They use the same four variables as the
-clients, so they run against any endpoint.
+clients send (docs/PROTOCOL-NOTES.md, Headers; Transport and Connect) with httpx and compare
+the answers field by field, so a failure names the request that differed and what came back.
+They use the same four variables as the clients, so they run against any endpoint.
 
 The ``wire/interpreter/…`` cases talk to the code interpreter of a ``code-interpreter-v1`` sandbox
-(port 49999, PROTOCOL.md §8.5, §10) with the headers the interpreter clients send: its health
-route (no client calls it), the NDJSON framing of ``/execute`` that the clients parse line by
+(port 49999, docs/PROTOCOL-NOTES.md, Code Interpreter) with the headers the interpreter clients
+send: its health route (no client calls it), the NDJSON framing of ``/execute`` that the clients parse line by
 line, and the status codes the clients turn into their exceptions.
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import json
 import ssl
-import struct
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,13 +25,30 @@ from typing import Any
 
 import httpx
 
+from contract.protocol import (
+    ACCESS_TOKEN_HEADER,
+    API_KEY_HEADER,
+    CONNECT_JSON,
+    CONNECT_PROTOCOL_VERSION,
+    CONNECT_PROTOCOL_VERSION_HEADER,
+    CONNECT_STREAM_JSON,
+    ENVD_PORT,
+    FLAG_END_STREAM,
+    INTERPRETER_PORT,
+    SANDBOX_ID_HEADER,
+    SANDBOX_PORT_HEADER,
+    TRAFFIC_TOKEN_HEADER,
+    EnvelopeError,
+    decode_envelopes,
+    encode_envelope,
+    split_envelope,
+)
+
 from ._model import CaseResult, ClientInfo, Outcome
 
 __all__ = ["WIRE_CASES", "WireCase", "WireMismatchError", "run_wire_cases"]
 
 CLIENT = ClientInfo("wire", "httpx", httpx.__version__)
-ENVD_PORT = 49983
-INTERPRETER_PORT = 49999
 INTERPRETER_TEMPLATE = "code-interpreter-v1"
 
 
@@ -57,7 +73,7 @@ class Wire:
 
     @property
     def key(self) -> dict[str, str]:
-        return {"X-API-Key": self.api_key}
+        return {API_KEY_HEADER: self.api_key}
 
     def expect(self, response: httpx.Response, status: int, what: str = "") -> Any:
         request = response.request
@@ -88,25 +104,21 @@ class Wire:
 
 
 def _envelope(message: dict[str, Any]) -> bytes:
-    data = json.dumps(message).encode()
-    return struct.pack(">BI", 0, len(data)) + data
+    return encode_envelope(json.dumps(message).encode())
 
 
 def _envelopes(body: bytes) -> list[tuple[int, Any]]:
-    frames, offset = [], 0
-    while offset < len(body):
-        if len(body) - offset < 5:
-            raise WireMismatchError(f"a truncated Connect envelope header at byte {offset}")
-        flags, length = struct.unpack(">BI", body[offset : offset + 5])
-        frames.append((flags, json.loads(body[offset + 5 : offset + 5 + length] or b"{}")))
-        offset += 5 + length
-    return frames
+    try:
+        envelopes = decode_envelopes(body)
+    except EnvelopeError as exc:
+        raise WireMismatchError(str(exc)) from None
+    return [(envelope.flags, json.loads(envelope.payload or b"{}")) for envelope in envelopes]
 
 
 def _event_kinds(frames: list[tuple[int, Any]]) -> list[str]:
     kinds = []
     for flags, message in frames:
-        if flags & 0x02:
+        if flags & FLAG_END_STREAM:
             kinds.append("end-of-stream" if not message.get("error") else f"error:{message['error'].get('code')}")
             continue
         event = message.get("event", {})
@@ -159,13 +171,13 @@ def process_stream(wire: Wire) -> None:
             raise WireMismatchError(f"POST {url}: the stream's events were {kinds}, expected {expected}")
 
 
-def _stream_headers(created: dict[str, Any], content_type: str = "application/connect+json") -> dict[str, str]:
+def _stream_headers(created: dict[str, Any], content_type: str = CONNECT_STREAM_JSON) -> dict[str, str]:
     return {
         "Content-Type": content_type,
-        "Connect-Protocol-Version": "1",
-        "X-Access-Token": created["envdAccessToken"],
-        "E2b-Sandbox-Id": created["sandboxID"],
-        "E2b-Sandbox-Port": str(ENVD_PORT),
+        CONNECT_PROTOCOL_VERSION_HEADER: CONNECT_PROTOCOL_VERSION,
+        ACCESS_TOKEN_HEADER: created["envdAccessToken"],
+        SANDBOX_ID_HEADER: created["sandboxID"],
+        SANDBOX_PORT_HEADER: str(ENVD_PORT),
     }
 
 
@@ -175,16 +187,17 @@ def _read_frames(
     """Read a response stream's envelopes as they come, until ``until(frames so far)`` holds."""
     frames: list[tuple[int, Any]] = []
     while not until(frames):
-        while len(buffer) < 5 or len(buffer) < 5 + struct.unpack(">I", bytes(buffer[1:5]))[0]:
+        envelope, rest = split_envelope(bytes(buffer))
+        while envelope is None:
             buffer.extend(next(chunks))
-        length = struct.unpack(">I", bytes(buffer[1:5]))[0]
-        frames += _envelopes(bytes(buffer[: 5 + length]))
-        del buffer[: 5 + length]
+            envelope, rest = split_envelope(bytes(buffer))
+        frames.append((envelope.flags, json.loads(envelope.payload or b"{}")))
+        buffer[:] = rest
     return frames
 
 
 def _has(kind: str) -> Callable[[list[tuple[int, Any]]], bool]:
-    return lambda frames: any(kind in message.get("event", {}) or flags & 0x02 for flags, message in frames)
+    return lambda frames: any(kind in message.get("event", {}) or flags & FLAG_END_STREAM for flags, message in frames)
 
 
 def stream_input(wire: Wire) -> None:
@@ -206,10 +219,10 @@ def stream_input(wire: Wire) -> None:
             answer = wire.http.post(url, content=body, headers=_stream_headers(created))
             wire.expect(answer, 200)
             frames = _envelopes(answer.content)
-            if not frames or not frames[-1][0] & 0x02 or frames[-1][1].get("error"):
+            if not frames or not frames[-1][0] & FLAG_END_STREAM or frames[-1][1].get("error"):
                 raise WireMismatchError(f"POST {url}: the stream ended with {frames[-1:]!r}, not a clean end of stream")
             close = wire.envd(created["sandboxID"], "/process.Process/CloseStdin")
-            unary = _stream_headers(created, "application/json")
+            unary = _stream_headers(created, CONNECT_JSON)
             wire.expect(wire.http.post(close, json={"process": {"pid": pids[0]}}, headers=unary), 200)
             rest = _event_kinds(_read_frames(chunks, buffer, _has("end")))
         if "data:over the stream" not in rest:
@@ -225,7 +238,7 @@ def killed_is_502(wire: Wire) -> None:
 
 def shared_host(wire: Wire) -> None:
     with wire.sandbox() as created:
-        headers = {"E2b-Sandbox-Id": created["sandboxID"], "E2b-Sandbox-Port": str(ENVD_PORT)}
+        headers = {SANDBOX_ID_HEADER: created["sandboxID"], SANDBOX_PORT_HEADER: str(ENVD_PORT)}
         wire.expect(wire.http.get(f"https://sandbox.{wire.domain}/health", headers=headers), 204, "shared host")
 
 
@@ -263,7 +276,7 @@ def envd_http(wire: Wire) -> None:
     """envd's own HTTP routes besides files: environment, metrics, and /init's token rule."""
     with wire.sandbox(secure=True, envVars={"WIRE_VAR": "present"}) as created:
         sandbox_id, token = created["sandboxID"], created["envdAccessToken"]
-        headers = {"X-Access-Token": token}
+        headers = {ACCESS_TOKEN_HEADER: token}
         envs = wire.expect(wire.http.get(wire.envd(sandbox_id, "/envs"), headers=headers), 200)
         if not isinstance(envs, dict) or envs.get("WIRE_VAR") != "present":
             raise WireMismatchError(f"GET {wire.envd(sandbox_id, '/envs')}: WIRE_VAR is {envs!r}")
@@ -281,9 +294,9 @@ def _interpreter_headers(created: dict[str, Any]) -> dict[str, str]:
     has one (upstream's server forwards it to envd) and the traffic token when the edge needs it."""
     headers = {"Content-Type": "application/json"}
     if created.get("envdAccessToken"):
-        headers["X-Access-Token"] = created["envdAccessToken"]
+        headers[ACCESS_TOKEN_HEADER] = created["envdAccessToken"]
     if created.get("trafficAccessToken"):
-        headers["E2B-Traffic-Access-Token"] = created["trafficAccessToken"]
+        headers[TRAFFIC_TOKEN_HEADER] = created["trafficAccessToken"]
     return headers
 
 

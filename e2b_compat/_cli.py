@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from contract import ArtifactStore, ContractError, DriftError, check, load_inventory, load_lock, write
+from contract.protocol import ENVD_PORT
 
 from . import __version__
 
 if TYPE_CHECKING:  # the server stack is imported only by the commands that use it
-    from reference_server._keys import KeyStore
+    from reference_server import KeyStore
 
 
 def _store(args: argparse.Namespace) -> ArtifactStore:
@@ -63,21 +64,40 @@ def _contract_inventory(args: argparse.Namespace) -> int:
 
 def _agent(args: argparse.Namespace) -> int:
     # Imported here so the contract commands do not load the server stack.
-    from runtime.agent._server import DEFAULT_HOSTS, serve  # noqa: PLC0415
+    from runtime.agent import DEFAULT_HOSTS, serve  # noqa: PLC0415
 
     serve(tuple(args.hosts or DEFAULT_HOSTS), args.port, default_user=args.default_user)
     return 0
 
 
 def _host_prepare(args: argparse.Namespace) -> int:
-    from runtime import _host  # noqa: PLC0415 - only this command needs the runtime
+    # Only this command needs the runtime; the table is cheap, a backend's module loads when used.
+    from runtime.backend import BackendError  # noqa: PLC0415
+    from runtime.backends import DEFAULT_BACKEND, UnknownBackendError, backend_entry  # noqa: PLC0415
 
     try:
-        _host.prepare(say=lambda msg: print(f"host set-up: {msg}"))
-    except _host.HostNotReadyError as exc:
+        entry = backend_entry(args.backend or DEFAULT_BACKEND)
+    except UnknownBackendError as exc:
+        print(f"e2b-compat: {exc}", file=sys.stderr)
+        return 2
+    from reference_server import ConfigError, NameResolutionError, ensure_name_resolution, load_config  # noqa: PLC0415
+
+    def say(message: str) -> None:
+        print(f"host set-up: {message}")
+
+    try:
+        entry.prepare_host(say)
+        # The server's names (api.<domain>, <port>-<id>.<domain>) must resolve to loopback for the
+        # clients on this host, the tests included: the same check and fix as ``serve`` makes.
+        domain = load_config(args.config, os.environ).domain
+        ensure_name_resolution(domain, say)
+    except ConfigError as exc:
+        print(f"e2b-compat: configuration: {exc}", file=sys.stderr)
+        return 2
+    except (BackendError, NameResolutionError) as exc:
         print(f"e2b-compat: host not ready: {exc}", file=sys.stderr)
         return 1
-    print("host ready for crun sandboxes")
+    print(f"host ready for {entry.name} sandboxes and for names under {domain}")
     return 0
 
 
@@ -116,7 +136,7 @@ def _template_list(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import os  # noqa: PLC0415
 
-    from reference_server._config import ConfigError, load_config, render_toml  # noqa: PLC0415
+    from reference_server import ConfigError, load_config, render_toml  # noqa: PLC0415
 
     try:
         config = load_config(args.config, os.environ)
@@ -126,7 +146,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.print_config:
         print(render_toml(config), end="")
         return 0
-    from reference_server._server import ServerStartError, serve  # noqa: PLC0415 - loads the server stack
+    from reference_server import ServerStartError, serve  # noqa: PLC0415 - loads the server stack
 
     try:
         return serve(config)
@@ -140,7 +160,7 @@ def _keys_data_dir(args: argparse.Namespace) -> Path:
         return Path(args.data_dir)
     import os  # noqa: PLC0415
 
-    from reference_server._config import load_config  # noqa: PLC0415 - only the server commands need it
+    from reference_server import load_config  # noqa: PLC0415 - only the server commands need it
 
     return load_config(None, os.environ).data_dir
 
@@ -149,10 +169,7 @@ def _keys_run(args: argparse.Namespace, action: Callable[[KeyStore], Awaitable[i
     """Open ``<data_dir>/server.db`` (migrating it) and run ``action`` with a ``KeyStore`` on it."""
     import asyncio  # noqa: PLC0415
 
-    from reference_server._config import ConfigError  # noqa: PLC0415
-    from reference_server._keys import KeyStore  # noqa: PLC0415
-    from reference_server._migrations import UnknownMigrationHistory  # noqa: PLC0415
-    from reference_server._store import Store, StoreError  # noqa: PLC0415
+    from reference_server import ConfigError, KeyStore, Store, StoreError, UnknownMigrationHistory  # noqa: PLC0415
 
     try:
         data_dir = _keys_data_dir(args)
@@ -227,7 +244,7 @@ def _when(moment: datetime) -> str:
 
 
 def _conformance_verify(args: argparse.Namespace) -> int:
-    from conformance._signing import verify  # noqa: PLC0415 - only this command needs cryptography
+    from conformance import verify  # noqa: PLC0415 - only this command needs cryptography
 
     result = verify(args.report, trusted_fingerprint=args.fingerprint)
     if not result.valid:
@@ -247,7 +264,7 @@ def _conformance_verify(args: argparse.Namespace) -> int:
 
 
 def _conformance_run(args: argparse.Namespace) -> int:
-    from conformance._run import RunOptions, endpoint_from_environment, main_run  # noqa: PLC0415
+    from conformance import RunOptions, endpoint_from_environment, main_run  # noqa: PLC0415
 
     endpoint_env = None
     if args.endpoint_domain is not None:
@@ -371,15 +388,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="address to listen on, repeatable (default 0.0.0.0; for the clients' debug mode on "
         "this machine: --host 127.0.0.1 --host ::1)",
     )
-    agent.add_argument("--port", type=int, default=49983)
+    agent.add_argument("--port", type=int, default=ENVD_PORT)
     agent.add_argument("--default-user", default=None, help="user for requests that name none (default root)")
     agent.set_defaults(func=_agent)
 
     host = groups.add_parser("host", help="the machine that runs sandboxes")
     host_actions = host.add_subparsers(dest="action", required=True, metavar="ACTION")
-    host_actions.add_parser(
-        "prepare", help="install crun/nftables/debootstrap and apply the cgroup fix (root)"
-    ).set_defaults(func=_host_prepare)
+    prepare = host_actions.add_parser(
+        "prepare",
+        help="install and check what a sandbox backend needs (crun: crun/nftables/debootstrap, the cgroup fix; root)",
+    )
+    prepare.add_argument(
+        "--backend", metavar="NAME", default=None, help="the sandbox backend to prepare the host for (default: crun)"
+    )
+    prepare.add_argument(
+        "--config", type=Path, default=None, help="the server's configuration file, whose domain must resolve"
+    )
+    prepare.set_defaults(func=_host_prepare)
 
     template = groups.add_parser("template", help="sandbox templates (root filesystems)")
     template.add_argument("--cache", type=Path, default=None, help="cache folder (default: as for contract)")

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from runtime._backend import BackendError
+from runtime.backend import BackendError
 
 __all__ = ["HttpAgentInitializer"]
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime.backends import serving_backends
+
 from ._keys import validate_owner
 from ._routing import parse_domain
 
@@ -43,9 +45,9 @@ __all__ = [
 ENV_PREFIX = "E2B_COMPAT_SERVER_"
 CONFIG_VARIABLE = ENV_PREFIX + "CONFIG"
 CONFIG_FILE_NAME = "server.toml"
-# Sandbox backends the serve command can build. A new backend adds its name here and a branch where
-# the server constructs backends; nothing else in the configuration changes.
-BACKENDS: tuple[str, ...] = ("crun",)
+# Sandbox backends the serve command can build: the runtime's table (``runtime.backends``). A new
+# backend is a line there; nothing in the configuration changes.
+BACKENDS: tuple[str, ...] = serving_backends()
 LOG_LEVELS: tuple[str, ...] = ("critical", "error", "warning", "info", "debug")
 UPSTREAM_MAX_TIMEOUT_SECONDS = 86_400  # E2B caps a sandbox's timeout at 24 h
 _LONGEST_TIMEOUT_SECONDS = 30 * 86_400

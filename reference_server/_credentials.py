@@ -80,7 +80,8 @@ def redact(value: str | None) -> str:
 # -- API keys -------------------------------------------------------------------
 
 API_KEY_PREFIX = "e2b_"
-API_KEY_PATTERN = re.compile(r"e2b_[0-9a-f]+")  # what both SDKs accept (PROTOCOL.md §3); use with fullmatch
+# What both SDKs accept (docs/PROTOCOL-NOTES.md, Headers); use with fullmatch.
+API_KEY_PATTERN = re.compile(r"e2b_[0-9a-f]+")
 API_KEY_HEX_CHARS = 40
 
 HASH_SCHEME = "pbkdf2-sha256"
@@ -409,7 +410,7 @@ FileOperation = Literal["read", "write"]
 
 
 def file_signature(path: str, operation: FileOperation, user: str | None, token: str, expiration: int | None) -> str:
-    """The ``signature`` query parameter of a signed envd file URL (PROTOCOL.md §8.2).
+    """The ``signature`` query parameter of a signed envd file URL (docs/PROTOCOL-NOTES.md, envd HTTP routes).
 
     Whoever holds the URL holds the access until ``expiration``: redact it like a token.
     """

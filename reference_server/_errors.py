@@ -1,7 +1,7 @@
 """The control plane's error answers: one exception, one body shape, one table of texts.
 
 Every refusal the server makes is ``{"code": <HTTP status as an integer>, "message": "..."}``
-with that status (PROTOCOL.md §8.1): the JS client tells "not found" and "conflict" apart by the
+with that status (docs/PROTOCOL-NOTES.md, Control plane): the JS client tells "not found" and "conflict" apart by the
 body's ``code`` and the Python client puts ``message`` into its exception text, so the shape is
 part of the contract, not decoration. Handlers raise ``ApiError``; the app turns it into the
 response, and anything else that escapes becomes a 500 with no detail (the traceback goes to the
@@ -10,19 +10,25 @@ log, never to the client).
 Exceptions::
 
     ApiError (status, message)   raised anywhere below a handler; answered as above
+
+Failures of the runtime (``runtime.backend.SandboxRuntimeError`` and its subclasses) become
+``ApiError`` in one place, ``runtime_refusal``, by the table ``RUNTIME_ANSWERS``.
 """
 
 from __future__ import annotations
 
 from starlette.responses import JSONResponse
 
-__all__ = ["ApiError", "error_response"]
+from runtime.backend import SandboxRuntimeError, TemplateNotFoundError, TransitionError
+
+__all__ = ["RUNTIME_ANSWERS", "ApiError", "error_response", "runtime_refusal"]
 
 # The fixed texts, by status (what upstream says in each case, in our words).
 UNAUTHORIZED = "Invalid authentication credentials"
 MISSING_KEY = "Missing API key: send it in the X-API-Key header"
 SANDBOX_NOT_FOUND = "Sandbox not found"
 SNAPSHOT_NOT_FOUND = "Snapshot not found"
+TEMPLATE_NOT_FOUND = "Template '{template}' not found"
 SANDBOX_NOT_RUNNING = "Sandbox is not running"
 LIFECYCLE_CONFLICT = "Sandbox lifecycle conflict"
 ALREADY_PAUSED = "Sandbox is already paused"
@@ -49,3 +55,29 @@ class ApiError(Exception):
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"code": status, "message": message}, status_code=status, headers=headers)
+
+
+# -- runtime failures → answers ---------------------------------------------------------------
+# The one table that turns a backend's error tree (runtime.backend) into what the clients get.
+# Keys are (operation, error class); "*" is any operation. The most specific class of the error's
+# MRO wins, and an operation's own line wins over "*". Every runtime failure not named here is a
+# 500 with no detail: the runtime's message (which may name host paths) goes to the log only.
+ANY_OPERATION = "*"
+RUNTIME_ANSWERS: dict[tuple[str, type[SandboxRuntimeError]], tuple[int, str]] = {
+    ("create", TemplateNotFoundError): (404, TEMPLATE_NOT_FOUND),
+    ("delete_template", TransitionError): (409, SNAPSHOT_IN_USE),
+    (ANY_OPERATION, SandboxRuntimeError): (500, INTERNAL),
+}
+
+
+def runtime_refusal(operation: str, exc: SandboxRuntimeError, **context: str) -> ApiError:
+    """The answer for ``exc`` raised by the runtime during ``operation`` (``context`` fills the text)."""
+    for kind in type(exc).__mro__:
+        if not issubclass(kind, SandboxRuntimeError):
+            break
+        for key in ((operation, kind), (ANY_OPERATION, kind)):
+            answer = RUNTIME_ANSWERS.get(key)
+            if answer is not None:
+                status, message = answer
+                return ApiError(status, message.format(**context))
+    return ApiError(500, INTERNAL)

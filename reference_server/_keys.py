@@ -49,7 +49,7 @@ from ._credentials import (
     verify_api_key,
 )
 from ._files import replace_file
-from ._store import format_time, parse_time
+from ._records import format_time, parse_time
 
 __all__ = [
     "IssuedKey",

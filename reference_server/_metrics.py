@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from runtime._backend import Backend, Metrics, SandboxRuntimeError
+from runtime.backend import Backend, Metrics, SandboxRuntimeError
 
 __all__ = ["MetricsBook", "Sample"]
 

@@ -55,6 +55,7 @@ __all__ = [
     "Rewrite",
     "check",
     "ensure",
+    "ensure_name_resolution",
     "fix_plan",
     "lookup",
 ]
@@ -342,6 +343,11 @@ def ensure(
         )
     say(f"{name} and *.{name} now resolve to loopback")
     return result
+
+
+def ensure_name_resolution(domain_name: str, say: Callable[[str], None]) -> NameResolution:
+    """``ensure`` with the host fixed when running as root: what ``serve`` and ``host prepare`` do."""
+    return ensure(domain_name, apply=os.geteuid() == 0, say=say)
 
 
 def _install_package(say: Callable[[str], None], run: Runner) -> None:

@@ -2,7 +2,8 @@
 
 The server may have been killed between writing a record and acting on the runtime (or the
 other way round). On start, before it answers anything, every record is compared with what the
-runtime has and settled by this table (record state and runtime state → action):
+runtime has and settled by the table ``DECISIONS`` (record state and what the runtime has →
+decision), which reads:
 
     record      runtime RUNNING      runtime PAUSED/STOPPED    runtime absent/other
     running     keep                 release                   release
@@ -14,26 +15,75 @@ runtime has and settled by this table (record state and runtime state → action
     failed      release
 
 "release" kills what the runtime has and deletes the record, so the sandbox is cleanly gone;
-"keep" and "finish" leave it usable. A runtime sandbox with no record at all is an orphan and is
-killed. The runtime reconciles its own resources first (half-made mounts, networks, bundles).
+"keep" and "finish" leave it usable. A decision that cannot be carried out (the agent does not
+answer ``/init``, the record moved on) falls back to release. A runtime sandbox with no record at
+all is an orphan and is killed. The runtime reconciles its own resources first (half-made mounts,
+networks, bundles).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 from dataclasses import dataclass
 
-from runtime._backend import SandboxInfo, SandboxRuntimeError, State
+from runtime.backend import SandboxInfo, SandboxRuntimeError, State
 
 from ._errors import ApiError
+from ._records import SandboxRecord, SandboxState
 from ._sandboxes import SandboxService
-from ._store import SandboxRecord
 
-__all__ = ["Reconciliation", "reconcile"]
+__all__ = ["DECISIONS", "Decision", "Reconciliation", "Seen", "reconcile", "seen"]
 
 log = logging.getLogger(__name__)
 
-_IDLE = (State.PAUSED, State.STOPPED)
+
+class Seen(enum.Enum):
+    """What the runtime has for a record's sandbox."""
+
+    RUNNING = "running"
+    IDLE = "paused or stopped"
+    ABSENT = "absent or other"
+
+
+class Decision(enum.Enum):
+    KEEP = "keep"
+    BACK_TO_RUNNING = "back to running"  # an interrupted pause that never reached the runtime
+    FINISH_PAUSE = "finish: paused"
+    BACK_TO_PAUSED = "back to paused"  # an interrupted resume that never reached the runtime
+    FINISH_RESUME = "finish: init, run"
+    RELEASE = "release"
+
+
+def seen(info: SandboxInfo | None) -> Seen:
+    if info is None:
+        return Seen.ABSENT
+    if info.state is State.RUNNING:
+        return Seen.RUNNING
+    if info.state in (State.PAUSED, State.STOPPED):
+        return Seen.IDLE
+    return Seen.ABSENT
+
+
+_S, _D = SandboxState, Decision
+# The table of the module docstring, as data. Every (state, seen) pair has a decision.
+DECISIONS: dict[tuple[SandboxState, Seen], Decision] = {
+    (_S.RUNNING, Seen.RUNNING): _D.KEEP,
+    (_S.RUNNING, Seen.IDLE): _D.RELEASE,
+    (_S.RUNNING, Seen.ABSENT): _D.RELEASE,
+    (_S.PAUSED, Seen.RUNNING): _D.RELEASE,
+    (_S.PAUSED, Seen.IDLE): _D.KEEP,
+    (_S.PAUSED, Seen.ABSENT): _D.RELEASE,
+    (_S.PAUSING, Seen.RUNNING): _D.BACK_TO_RUNNING,
+    (_S.PAUSING, Seen.IDLE): _D.FINISH_PAUSE,
+    (_S.PAUSING, Seen.ABSENT): _D.RELEASE,
+    (_S.RESUMING, Seen.RUNNING): _D.FINISH_RESUME,
+    (_S.RESUMING, Seen.IDLE): _D.BACK_TO_PAUSED,
+    (_S.RESUMING, Seen.ABSENT): _D.RELEASE,
+    **{(state, view): _D.RELEASE for state in (_S.CREATING, _S.KILLING, _S.FAILED, _S.KILLED) for view in Seen},
+}
+# How each decision is reported; the others count as "finished".
+_OUTCOME = {_D.KEEP: "kept", _D.RELEASE: "released"}
 
 
 @dataclass(frozen=True)
@@ -74,33 +124,31 @@ async def reconcile(service: SandboxService) -> Reconciliation:
 
 
 async def _settle(service: SandboxService, record: SandboxRecord, info: SandboxInfo | None) -> str:
-    state = info.state if info is not None else None
-    try:
-        if record.state == "running" and state is State.RUNNING:
-            if info is not None and info.host and info.host != record.data.get("address"):
-                await service.store.compare_and_swap(
-                    record.sandbox_id, record.generation, {"data": dict(record.data, address=info.host)}
-                )
-            return "kept"
-        if record.state == "paused" and state in _IDLE:
-            return "kept"
-        if record.state == "pausing" and state is State.RUNNING:
-            await service.store.compare_and_swap(record.sandbox_id, record.generation, {"state": "running"})
-            return "finished"
-        if record.state == "pausing" and state in _IDLE:
-            data = dict(record.data, address=None, paused_memory=state is State.PAUSED)
-            await service.store.compare_and_swap(
-                record.sandbox_id, record.generation, {"state": "paused", "data": data}
-            )
-            return "finished"
-        if record.state == "resuming" and state in _IDLE:
-            await service.store.compare_and_swap(record.sandbox_id, record.generation, {"state": "paused"})
-            return "finished"
-        if record.state == "resuming" and state is State.RUNNING and info is not None:
-            timeout_s = int(record.data.get("timeout_s") or 300)
-            await service.finish_start(record, info.host, timeout_s)
-            return "finished"
-    except (ApiError, SandboxRuntimeError, OSError) as exc:
-        log.warning("could not keep %s (%s); releasing it", record.sandbox_id, exc)
+    decision = DECISIONS[(record.state, seen(info))]
+    if decision is not Decision.RELEASE:
+        try:
+            await _carry_out(service, record, info, decision)
+            return _OUTCOME.get(decision, "finished")
+        except (ApiError, SandboxRuntimeError, OSError) as exc:
+            log.warning("could not keep %s (%s); releasing it", record.sandbox_id, exc)
     await service.release(record)
     return "released"
+
+
+async def _carry_out(
+    service: SandboxService, record: SandboxRecord, info: SandboxInfo | None, decision: Decision
+) -> None:
+    store, sandbox_id, generation = service.store, record.sandbox_id, record.generation
+    if decision is Decision.KEEP:
+        if info is not None and info.host and info.host != record.details.address:  # a running sandbox moved
+            await store.compare_and_swap(sandbox_id, generation, {"details": record.with_details(address=info.host)})
+    elif decision is Decision.BACK_TO_RUNNING:
+        await store.compare_and_swap(sandbox_id, generation, {"state": SandboxState.RUNNING})
+    elif decision is Decision.FINISH_PAUSE:
+        paused_memory = info is not None and info.state is State.PAUSED
+        details = record.with_details(address=None, paused_memory=paused_memory)
+        await store.compare_and_swap(sandbox_id, generation, {"state": SandboxState.PAUSED, "details": details})
+    elif decision is Decision.BACK_TO_PAUSED:
+        await store.compare_and_swap(sandbox_id, generation, {"state": SandboxState.PAUSED})
+    elif decision is Decision.FINISH_RESUME:
+        await service.finish_start(record, None if info is None else info.host, record.details.timeout_s)

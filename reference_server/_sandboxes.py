@@ -20,27 +20,22 @@ import asyncio
 import logging
 import secrets
 import string
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, cast
 
-from runtime._backend import (
-    Backend,
-    Limits,
-    SandboxRuntimeError,
-    SandboxSpec,
-    State,
-    TemplateNotFoundError,
-    TransitionError,
-)
+from contract.protocol import ENVD_PORT
+from runtime.backend import Backend, Limits, SandboxRuntimeError, SandboxSpec, State
 
 from . import _errors as text
 from ._credentials import SealedToken, TokenScope, TokenVault, new_sandbox_token
-from ._errors import ApiError
-from ._metrics import MetricsBook
-from ._snapshots import SnapshotRecord, SnapshotStore
-from ._store import Changes, GenerationConflict, NotFound, SandboxRecord, Store, StoreError
+from ._errors import ApiError, runtime_refusal
+from ._events import LogQuery, append_event, query_logs, rfc3339, since
+from ._metrics import MetricsBook, Sample
+from ._records import Defaults, LifecycleEvent, NetworkSettings, SandboxDetails, SandboxRecord, SandboxState
+from ._snapshots import SnapshotPage, SnapshotRecord, SnapshotStore
+from ._store import Changes, GenerationConflict, InvalidCursor, NotFound, Page, Store, StoreError
 
 __all__ = [
     "AgentInitializer",
@@ -55,15 +50,17 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+S = SandboxState
 ID_ALPHABET = string.ascii_lowercase + string.digits
 ID_LENGTH = 20
-MAX_EVENTS = 200  # lifecycle log lines kept per sandbox
+MAX_PAGE = 100  # the most records one list answer holds
 # API states → the store states they cover. A sandbox in flight is shown as where it is heading.
-API_STATES: dict[str, frozenset[str]] = {
-    "running": frozenset({"running", "resuming"}),
-    "paused": frozenset({"paused", "pausing"}),
+API_STATES: dict[str, frozenset[SandboxState]] = {
+    "running": frozenset({S.RUNNING, S.RESUMING}),
+    "paused": frozenset({S.PAUSED, S.PAUSING}),
 }
-VISIBLE = frozenset().union(*API_STATES.values())
+VISIBLE: frozenset[SandboxState] = frozenset().union(*API_STATES.values())
+GONE = frozenset({S.KILLING, S.KILLED, S.FAILED})  # answered as missing
 
 
 def new_sandbox_id() -> str:
@@ -71,8 +68,8 @@ def new_sandbox_id() -> str:
     return first + "".join(secrets.choice(ID_ALPHABET) for _ in range(ID_LENGTH - 1))
 
 
-def api_state(state: str) -> str:
-    return next(name for name, states in API_STATES.items() if state in states) if state in VISIBLE else state
+def api_state(state: SandboxState) -> str:
+    return next(name for name, states in API_STATES.items() if state in states) if state in VISIBLE else str(state)
 
 
 class AgentInitializer(Protocol):
@@ -86,29 +83,28 @@ class ServiceSettings:
     domain: str  # reported in create/connect answers: "<name>:<port>" as the clients must use it
     envd_version: str
     templates: frozenset[str]  # names a sandbox may start from (snapshots come on top, per owner)
-    cpu_count: int = 2
-    memory_mb: int = 512
+    cpu_count: int = Defaults.CPU_COUNT
+    memory_mb: int = Defaults.MEMORY_MB
     max_timeout_s: int = 86_400
     egress_enabled: bool = False  # the operator's switch; without it no sandbox reaches outside
-    agent_port: int = 49983
+    agent_port: int = ENVD_PORT
     default_user: str = "user"
 
 
 @dataclass(frozen=True, kw_only=True)
 class CreateRequest:
+    """A parsed create body; every field the body may omit has its default in ``Defaults``."""
+
     template_id: str
     timeout_s: int
-    env_vars: dict[str, str] = field(default_factory=dict)
-    metadata: dict[str, str] = field(default_factory=dict)
-    secure: bool = True
-    allow_internet_access: bool = True
-    auto_pause: bool = False
-    auto_pause_memory: bool = True
-    auto_resume: bool = False
-    allow_public_traffic: bool = True
-    allow_out: tuple[str, ...] = ()
-    deny_out: tuple[str, ...] = ()
-    mask_request_host: str | None = None
+    env_vars: Mapping[str, str]
+    metadata: Mapping[str, str]
+    secure: bool
+    allow_internet_access: bool = Defaults.ALLOW_INTERNET_ACCESS
+    auto_pause: bool = Defaults.AUTO_PAUSE
+    auto_pause_memory: bool = Defaults.AUTO_PAUSE_MEMORY
+    auto_resume: bool = Defaults.AUTO_RESUME
+    network: NetworkSettings = field(default_factory=NetworkSettings)
 
 
 @dataclass(frozen=True)
@@ -161,9 +157,76 @@ class SandboxService:
 
     async def owned(self, owner: str, sandbox_id: str) -> SandboxRecord:
         record = await self.store.get(sandbox_id)
-        if record is None or record.owner != owner or record.state in ("killing", "killed", "failed"):
+        if record is None or record.owner != owner or record.state in GONE:
             raise ApiError(404, f"{text.SANDBOX_NOT_FOUND}: {sandbox_id}")
         return record
+
+    async def detail(self, owner: str, sandbox_id: str) -> Opened:
+        """One sandbox with its envd token in the clear (``GET /sandboxes/{id}`` reports it)."""
+        return self.tokens(await self.owned(owner, sandbox_id))
+
+    async def list_running(self, owner: str, metadata: Mapping[str, str]) -> list[SandboxRecord]:
+        """The v1 list: every running sandbox of ``owner`` in one answer (v1 has no pages)."""
+        records: list[SandboxRecord] = []
+        token: str | None = None
+        while True:
+            page = await self.store.list(
+                owner, states=API_STATES["running"], metadata=metadata, limit=MAX_PAGE, after=token
+            )
+            records.extend(page.records)
+            token = page.next_token
+            if token is None:
+                return records
+
+    async def list_page(
+        self,
+        owner: str,
+        *,
+        states: Collection[str] | None,
+        metadata: Mapping[str, str],
+        limit: int,
+        after: str | None,
+    ) -> Page:
+        """The v2 list: one page in the API states asked for (running and paused when none)."""
+        wanted = set(states or ("running", "paused"))
+        unknown = sorted(wanted - set(API_STATES))
+        if unknown:
+            raise ApiError(400, f"Invalid state filter: {unknown[0]} (known: {', '.join(API_STATES)})")
+        covered = set().union(*(API_STATES[state] for state in wanted))
+        try:
+            return await self.store.list(owner, states=covered, metadata=metadata, limit=limit, after=after)
+        except InvalidCursor:
+            raise ApiError(400, text.INVALID_CURSOR) from None
+
+    async def metric_series(
+        self, owner: str, sandbox_id: str, start: datetime | None, end: datetime | None
+    ) -> list[Sample]:
+        if start is not None and end is not None and start > end:
+            raise ApiError(400, "start must not be after end")
+        record = await self.owned(owner, sandbox_id)
+        return self.metrics.series(record.sandbox_id, start, end)
+
+    async def latest_metrics(self, owner: str, sandbox_ids: list[str]) -> dict[str, Sample]:
+        """The newest sample of each of ``owner``'s sandboxes among ``sandbox_ids``; others are left out."""
+        if not sandbox_ids:
+            raise ApiError(400, "Query parameter sandbox_ids is required")
+        if len(sandbox_ids) > MAX_PAGE:
+            raise ApiError(400, f"At most {MAX_PAGE} sandbox ids per request")
+        found: dict[str, Sample] = {}
+        for sandbox_id in dict.fromkeys(sandbox_ids):
+            record = await self.store.get(sandbox_id)
+            sample = self.metrics.latest(sandbox_id) if record is not None and record.owner == owner else None
+            if sample is not None:
+                found[sandbox_id] = sample
+        return found
+
+    async def logs_since(self, owner: str, sandbox_id: str, start_ms: int | None, limit: int) -> list[LifecycleEvent]:
+        record = await self.owned(owner, sandbox_id)
+        return since(record.details.events, start_ms, limit)
+
+    async def logs(self, owner: str, sandbox_id: str, query: LogQuery) -> list[LifecycleEvent]:
+        record = await self.owned(owner, sandbox_id)
+        return query_logs(record.details.events, query)
 
     def check_timeout(self, timeout_s: int) -> None:
         if timeout_s < 0:
@@ -172,11 +235,13 @@ class SandboxService:
             raise ApiError(400, f"Timeout cannot be greater than {self.settings.max_timeout_s // 3600} hours")
 
     def tokens(self, record: SandboxRecord) -> Opened:
-        def opened(key: str, scope: TokenScope) -> str | None:
-            sealed = record.data.get(key)
-            return None if sealed is None else self.vault.open(SealedToken.from_dict(sealed), scope, record.sandbox_id)
+        def opened(sealed: SealedToken | None, scope: TokenScope) -> str | None:
+            return None if sealed is None else self.vault.open(sealed, scope, record.sandbox_id)
 
-        return Opened(record, opened("envd_token", TokenScope.ENVD), opened("traffic_token", TokenScope.TRAFFIC))
+        details = record.details
+        return Opened(
+            record, opened(details.envd_token, TokenScope.ENVD), opened(details.traffic_token, TokenScope.TRAFFIC)
+        )
 
     # -- create ------------------------------------------------------------------------
 
@@ -185,42 +250,34 @@ class SandboxService:
         await self._check_template(owner, request.template_id)
         sandbox_id = new_sandbox_id()
         envd_token = new_sandbox_token() if request.secure else None
-        traffic_token = None if request.allow_public_traffic else new_sandbox_token()
+        traffic_token = None if request.network.allow_public_traffic else new_sandbox_token()
         now = self.now()
-        data: dict[str, Any] = {
-            "envd_version": self.settings.envd_version,
-            "secure": request.secure,
-            "envd_token": None if envd_token is None else self._seal(envd_token, TokenScope.ENVD, sandbox_id),
-            "traffic_token": None
+        details = SandboxDetails(
+            envd_version=self.settings.envd_version,
+            secure=request.secure,
+            envd_token=None if envd_token is None else self.vault.seal(envd_token, TokenScope.ENVD, sandbox_id),
+            traffic_token=None
             if traffic_token is None
-            else self._seal(traffic_token, TokenScope.TRAFFIC, sandbox_id),
-            "allow_internet_access": request.allow_internet_access,
-            "network": {
-                "allowPublicTraffic": request.allow_public_traffic,
-                "allowOut": list(request.allow_out),
-                "denyOut": list(request.deny_out),
-                **({"maskRequestHost": request.mask_request_host} if request.mask_request_host else {}),
-            },
-            "auto_pause_memory": request.auto_pause_memory,
-            "auto_resume": request.auto_resume,
-            "cpu_count": self.settings.cpu_count,
-            "memory_mb": self.settings.memory_mb,
-            "timeout_s": request.timeout_s,
-            "address": None,
-            "started_at": None,
-            "events": [],
-        }
+            else self.vault.seal(traffic_token, TokenScope.TRAFFIC, sandbox_id),
+            allow_internet_access=request.allow_internet_access,
+            network=request.network,
+            auto_pause_memory=request.auto_pause_memory,
+            auto_resume=request.auto_resume,
+            cpu_count=self.settings.cpu_count,
+            memory_mb=self.settings.memory_mb,
+            timeout_s=request.timeout_s,
+        )
         record = SandboxRecord(
             sandbox_id=sandbox_id,
             owner=owner,
             template_id=request.template_id,
-            state="creating",
+            state=S.CREATING,
             created_at=now,
             expires_at=now + timedelta(seconds=request.timeout_s),
-            metadata=request.metadata,
-            env_vars=request.env_vars,
+            metadata=dict(request.metadata),
+            env_vars=dict(request.env_vars),
             auto_pause=request.auto_pause,
-            data=_event(data, now, "info", "sandbox creating", template=request.template_id),
+            details=append_event(details, now, "info", "sandbox creating", template=request.template_id),
         )
         record = await self.store.insert(record)
         async with self.lock(sandbox_id):
@@ -231,19 +288,17 @@ class SandboxService:
                     limits=Limits(cpu_count=self.settings.cpu_count, memory_mb=self.settings.memory_mb),
                     hostname=sandbox_id,
                     allow_internet_access=request.allow_internet_access and self.settings.egress_enabled,
-                    allow_out=request.allow_out if self.settings.egress_enabled else (),
-                    deny_out=request.deny_out,
+                    allow_out=request.network.allow_out if self.settings.egress_enabled else (),
+                    deny_out=request.network.deny_out,
                 )
                 await self.backend.create(spec)
                 info = await self.backend.start(sandbox_id)
                 record = await self._started(record, info.host, request.timeout_s, "sandbox started")
             except BaseException as exc:
                 await self._discard(record)
-                if isinstance(exc, TemplateNotFoundError):
-                    raise ApiError(404, f"Template '{request.template_id}' not found") from None
                 if isinstance(exc, SandboxRuntimeError):
                     log.error("creating %s failed: %s", sandbox_id, exc)
-                    raise ApiError(500, text.INTERNAL) from None
+                    raise runtime_refusal("create", exc, template=request.template_id) from None
                 raise
         await self.metrics.sample(sandbox_id)
         return Opened(record, envd_token, traffic_token)
@@ -253,10 +308,7 @@ class SandboxService:
             return
         snapshot = await self.snapshots.get(template_id)
         if snapshot is None or snapshot.owner != owner:
-            raise ApiError(404, f"Template '{template_id}' not found")
-
-    def _seal(self, token: str, scope: TokenScope, sandbox_id: str) -> dict[str, int | str]:
-        return self.vault.seal(token, scope, sandbox_id).to_dict()
+            raise ApiError(404, text.TEMPLATE_NOT_FOUND.format(template=template_id))
 
     async def _started(self, record: SandboxRecord, host: str | None, timeout_s: int, message: str) -> SandboxRecord:
         """The runtime runs it: initialize the agent, then record it running from now on."""
@@ -265,22 +317,23 @@ class SandboxService:
         body: dict[str, Any] = {
             "envVars": record.env_vars,
             "defaultUser": self.settings.default_user,
-            "timestamp": _rfc3339(self.now()),
+            "timestamp": rfc3339(self.now()),
         }
         opened = self.tokens(record)
         if opened.envd_token is not None:
             body["accessToken"] = opened.envd_token
         await self._initialize(host, self.settings.agent_port, body)
         now = self.now()  # the lifetime starts once the agent is ready
-        data = dict(record.data, address=host, started_at=record.data.get("started_at") or _rfc3339(now))
-        data["timeout_s"] = timeout_s
+        details = record.with_details(
+            address=host, started_at=record.details.started_at or rfc3339(now), timeout_s=timeout_s
+        )
         return await self.store.compare_and_swap(
             record.sandbox_id,
             record.generation,
             {
-                "state": "running",
+                "state": S.RUNNING,
                 "expires_at": now + timedelta(seconds=timeout_s),
-                "data": _event(data, now, "info", message),
+                "details": append_event(details, now, "info", message),
             },
         )
 
@@ -303,10 +356,10 @@ class SandboxService:
             current = await self.store.get(record.sandbox_id)
             if current is None:
                 return
-            if info.state is State.RUNNING and current.state == "pausing":
-                await self._swap(current, state="running")
-            elif info.state in (State.PAUSED, State.STOPPED) and current.state == "resuming":
-                await self._swap(current, state="paused")
+            if info.state is State.RUNNING and current.state == S.PAUSING:
+                await self._swap(current, state=S.RUNNING)
+            elif info.state in (State.PAUSED, State.STOPPED) and current.state == S.RESUMING:
+                await self._swap(current, state=S.PAUSED)
             else:
                 await self._kill(current)
         except Exception:
@@ -331,10 +384,10 @@ class SandboxService:
         self.check_timeout(timeout_s)
         async with self.lock(sandbox_id):
             record = await self.owned(owner, sandbox_id)
-            if record.state == "running":
+            if record.state == S.RUNNING:
                 record = await self._keep_alive(record, timeout_s)
                 return self.tokens(record), False
-            if record.state == "paused":
+            if record.state == S.PAUSED:
                 return self.tokens(await self._resume(record, timeout_s)), True
             raise ApiError(409, text.LIFECYCLE_CONFLICT)
 
@@ -342,61 +395,63 @@ class SandboxService:
         self.check_timeout(timeout_s)
         async with self.lock(sandbox_id):
             record = await self.owned(owner, sandbox_id)
-            if record.state == "running":
+            if record.state == S.RUNNING:
                 raise ApiError(409, text.ALREADY_RUNNING)
-            if record.state != "paused":
+            if record.state != S.PAUSED:
                 raise ApiError(409, text.LIFECYCLE_CONFLICT)
             if auto_pause is not None and auto_pause != record.auto_pause:
                 record = await self._swap(record, auto_pause=auto_pause)
             return self.tokens(await self._resume(record, timeout_s))
 
     async def _resume(self, record: SandboxRecord, timeout_s: int) -> SandboxRecord:
-        record = await self._swap(record, state="resuming")
+        record = await self._swap(record, state=S.RESUMING)
         try:
             info = await self.backend.resume(record.sandbox_id)
             return await self._started(record, info.host, timeout_s, "sandbox resumed")
         except (SandboxRuntimeError, OSError) as exc:  # OSError: the agent did not answer /init
             log.error("resuming %s failed: %s", record.sandbox_id, exc)
             await self._settle(record)
+            if isinstance(exc, SandboxRuntimeError):
+                raise runtime_refusal("resume", exc) from None
             raise ApiError(500, text.INTERNAL) from None
 
     async def pause(self, owner: str, sandbox_id: str, *, memory: bool) -> None:
         async with self.lock(sandbox_id):
             record = await self.owned(owner, sandbox_id)
-            if record.state == "paused":
+            if record.state == S.PAUSED:
                 raise ApiError(409, text.ALREADY_PAUSED)
-            if record.state != "running":
+            if record.state != S.RUNNING:
                 raise ApiError(409, text.LIFECYCLE_CONFLICT)
             await self._pause(record, memory=memory)
 
     async def _pause(self, record: SandboxRecord, *, memory: bool) -> SandboxRecord:
-        record = await self._swap(record, state="pausing")
+        record = await self._swap(record, state=S.PAUSING)
         try:
             await self.backend.pause(record.sandbox_id, memory=memory)
         except SandboxRuntimeError as exc:
             log.error("pausing %s failed: %s", record.sandbox_id, exc)
             await self._settle(record)
-            raise ApiError(500, text.INTERNAL) from None
-        now = self.now()
-        data = _event(dict(record.data, address=None, paused_memory=memory), now, "info", "sandbox paused")
-        return await self._swap(record, state="paused", data=data)
+            raise runtime_refusal("pause", exc) from None
+        details = record.with_details(address=None, paused_memory=memory)
+        return await self._swap(
+            record, state=S.PAUSED, details=append_event(details, self.now(), "info", "sandbox paused")
+        )
 
     # -- kill, timeouts ----------------------------------------------------------------
 
-    async def kill(self, owner: str, sandbox_id: str) -> bool:
+    async def kill(self, owner: str, sandbox_id: str) -> None:
         async with self.lock(sandbox_id):
             try:
                 record = await self.owned(owner, sandbox_id)
             except ApiError:
-                return False
+                raise ApiError(404, text.SANDBOX_NOT_FOUND) from None
             await self._kill(record)
         self._locks.pop(sandbox_id, None)
-        return True
 
     async def _kill(self, record: SandboxRecord) -> None:
         """killing → runtime released → record deleted. Repeating it after a crash is safe."""
-        if record.state != "killing":
-            record = await self._swap(record, state="killing")
+        if record.state != S.KILLING:
+            record = await self._swap(record, state=S.KILLING)
         await self.backend.kill(record.sandbox_id)
         await self.store.delete(record.sandbox_id, record.generation)
         self.metrics.drop(record.sandbox_id)
@@ -406,15 +461,18 @@ class SandboxService:
         self.check_timeout(timeout_s)
         async with self.lock(sandbox_id):
             record = await self.owned(owner, sandbox_id)
-            data = dict(record.data, timeout_s=timeout_s)
-            await self._swap(record, expires_at=self.now() + timedelta(seconds=timeout_s), data=data)
+            await self._swap(
+                record,
+                expires_at=self.now() + timedelta(seconds=timeout_s),
+                details=record.with_details(timeout_s=timeout_s),
+            )
 
     async def refresh(self, owner: str, sandbox_id: str, duration_s: int) -> None:
         """Keep it alive at least ``duration_s`` more; never shortens (upstream's refreshes)."""
         self.check_timeout(duration_s)
         async with self.lock(sandbox_id):
             record = await self.owned(owner, sandbox_id)
-            if record.state == "running":
+            if record.state == S.RUNNING:
                 await self._keep_alive(record, duration_s)
 
     async def _keep_alive(self, record: SandboxRecord, timeout_s: int) -> SandboxRecord:
@@ -433,49 +491,40 @@ class SandboxService:
     ) -> None:
         async with self.lock(sandbox_id):
             record = await self.owned(owner, sandbox_id)
-            if record.state != "running":
+            if record.state != S.RUNNING:
                 raise ApiError(409, text.SANDBOX_NOT_RUNNING)
-            network = dict(record.data.get("network") or {})
-            internet = (
-                record.data.get("allow_internet_access", True)
-                if allow_internet_access is None
-                else allow_internet_access
-            )
+            network = record.details.network
             if allow_out is not None:
-                network["allowOut"] = list(allow_out)
+                network = replace(network, allow_out=allow_out)
             if deny_out is not None:
-                network["denyOut"] = list(deny_out)
+                network = replace(network, deny_out=deny_out)
+            internet = record.details.allow_internet_access if allow_internet_access is None else allow_internet_access
             egress = self.settings.egress_enabled
             try:
                 await self.backend.update_network(
                     sandbox_id,
-                    allow_internet_access=bool(internet) and egress,
-                    allow_out=tuple(network.get("allowOut", ())) if egress else (),
-                    deny_out=tuple(network.get("denyOut", ())),
+                    allow_internet_access=internet and egress,
+                    allow_out=network.allow_out if egress else (),
+                    deny_out=network.deny_out,
                 )
             except SandboxRuntimeError as exc:
                 log.error("network update of %s failed: %s", sandbox_id, exc)
-                raise ApiError(500, text.INTERNAL) from None
-            data = _event(
-                dict(record.data, network=network, allow_internet_access=internet),
-                self.now(),
-                "info",
-                "network updated",
-            )
-            await self._swap(record, data=data)
+                raise runtime_refusal("update_network", exc) from None
+            details = record.with_details(network=network, allow_internet_access=internet)
+            await self._swap(record, details=append_event(details, self.now(), "info", "network updated"))
 
     # -- snapshots ---------------------------------------------------------------------
 
     async def snapshot(self, owner: str, sandbox_id: str, name: str | None) -> SnapshotRecord:
         async with self.lock(sandbox_id):
             record = await self.owned(owner, sandbox_id)
-            if record.state not in ("running", "paused"):
+            if record.state not in (S.RUNNING, S.PAUSED):
                 raise ApiError(409, text.LIFECYCLE_CONFLICT)
             try:
                 snapshot_id = await self.backend.snapshot(sandbox_id)
             except SandboxRuntimeError as exc:
                 log.error("snapshot of %s failed: %s", sandbox_id, exc)
-                raise ApiError(500, text.INTERNAL) from None
+                raise runtime_refusal("snapshot", exc) from None
             snapshot = SnapshotRecord(
                 snapshot_id=snapshot_id,
                 owner=owner,
@@ -485,22 +534,28 @@ class SandboxService:
                 created_at=self.now(),
             )
             await self.snapshots.insert(snapshot)
-            await self._swap(
-                record, data=_event(dict(record.data), self.now(), "info", "snapshot taken", snapshot=snapshot_id)
-            )
+            details = append_event(record.details, self.now(), "info", "snapshot taken", snapshot=snapshot_id)
+            await self._swap(record, details=details)
             return snapshot
 
-    async def delete_template(self, owner: str, template_id: str) -> bool:
-        """``DELETE /templates/{id}``: only snapshots can be deleted here; False when not found."""
+    async def list_snapshots(
+        self, owner: str, *, sandbox_id: str | None, limit: int, after: str | None
+    ) -> SnapshotPage:
+        try:
+            return await self.snapshots.list(owner, sandbox_id=sandbox_id, limit=limit, after=after)
+        except InvalidCursor:
+            raise ApiError(400, text.INVALID_CURSOR) from None
+
+    async def delete_template(self, owner: str, template_id: str) -> None:
+        """``DELETE /templates/{id}``: only snapshots can be deleted here; 404 for anything else."""
         snapshot = await self.snapshots.get(template_id)
         if snapshot is None or snapshot.owner != owner:
-            return False
+            raise ApiError(404, text.TEMPLATE_NOT_FOUND.format(template=template_id))
         try:
             await self.backend.delete_snapshot(template_id)
-        except TransitionError:
-            raise ApiError(409, text.SNAPSHOT_IN_USE) from None
+        except SandboxRuntimeError as exc:
+            raise runtime_refusal("delete_template", exc) from None
         await self.snapshots.delete(template_id)
-        return True
 
     # -- the edge ----------------------------------------------------------------------
 
@@ -509,19 +564,17 @@ class SandboxService:
         record = await self.store.get(sandbox_id)
         if record is None:
             return None
-        if record.state == "paused" and record.data.get("auto_resume"):
+        if record.state == S.PAUSED and record.details.auto_resume:
             async with self.lock(sandbox_id):
                 record = await self.store.get(sandbox_id)
-                if record is not None and record.state == "paused":
-                    timeout_s = int(record.data.get("timeout_s") or 300)
+                if record is not None and record.state == S.PAUSED:
                     try:
-                        record = await self._resume(record, timeout_s)
+                        record = await self._resume(record, record.details.timeout_s)
                     except ApiError:
                         return None
-        if record is None or record.state != "running" or not record.data.get("address"):
+        if record is None or record.state != S.RUNNING or not record.details.address:
             return None
-        sealed = record.data.get("traffic_token")
-        return Target(str(record.data["address"]), None if sealed is None else SealedToken.from_dict(sealed))
+        return Target(record.details.address, record.details.traffic_token)
 
     # -- the reaper ----------------------------------------------------------------------
 
@@ -532,11 +585,11 @@ class SandboxService:
             async with self.lock(expired.sandbox_id):
                 record = await self.store.get(expired.sandbox_id)
                 # Re-read under the lock: an extension that won the race leaves nothing to do.
-                if record is None or record.state != "running" or record.expires_at > self.now():
+                if record is None or record.state != S.RUNNING or record.expires_at > self.now():
                     continue
                 try:
                     if record.auto_pause:
-                        await self._pause(record, memory=bool(record.data.get("auto_pause_memory", True)))
+                        await self._pause(record, memory=record.details.auto_pause_memory)
                     else:
                         await self._kill(record)
                 except (ApiError, StoreError, SandboxRuntimeError) as exc:
@@ -560,16 +613,3 @@ class SandboxService:
         except NotFound:
             raise ApiError(404, text.SANDBOX_NOT_FOUND) from None
         return result
-
-
-def _rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-def _event(data: dict[str, Any], at: datetime, level: str, message: str, **fields: str) -> dict[str, Any]:
-    """``data`` with one more lifecycle log entry (the newest ``MAX_EVENTS`` are kept)."""
-    events = [
-        *data.get("events", []),
-        {"timestamp": _rfc3339(at), "level": level, "message": message, "fields": fields},
-    ]
-    return dict(data, events=events[-MAX_EVENTS:])

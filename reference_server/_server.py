@@ -1,6 +1,6 @@
 """Assembling and running the reference server: what ``e2b-compat serve`` does, in order.
 
-1. Host checks (root): the runtime's packages and cgroup fix (``runtime._host.prepare``), and
+1. Host checks (root): the runtime's packages and cgroup fix (the backend's ``prepare_host``, ``runtime.backends``), and
    name resolution for every name under the domain (``_nameres``), each saying what it changes.
 2. The data directory: edge certificates (a local CA and a leaf for the domain and its
    wildcard), the master key that seals sandbox tokens, the SQLite store, the first API key.
@@ -28,9 +28,8 @@ from pathlib import Path
 
 import uvicorn
 
-from runtime._backend import Backend
-from runtime.agent._server import NoDelayH11Protocol, bind
-from runtime.agent._version import ENVD_VERSION
+from runtime.agent import ENVD_VERSION, NoDelayH11Protocol, bind
+from runtime.backend import Backend
 from runtime.templates import Template
 
 from ._agent_init import HttpAgentInitializer
@@ -95,14 +94,15 @@ def _public_domain(config: ServerConfig) -> str:
     return domain_with_port(config.domain, config.port)
 
 
-def _crun_backend(config: ServerConfig, templates: Sequence[Template]) -> Backend:
-    from runtime._crun import CrunBackend  # noqa: PLC0415 - only the crun configuration needs it
+def _open_backend(config: ServerConfig, templates: Sequence[Template]) -> Backend:
+    """The configured backend (``runtime.backends``) on ``<data_dir>/runtime``."""
+    from runtime.backends import BackendOptions, open_backend  # noqa: PLC0415 - loads only the configured one
 
     runtime_dir = config.data_dir / "runtime"
     runtime_dir.mkdir(parents=True, exist_ok=True)
     # The templates checked at start-up are the ones served: a source change while the server
     # runs must not start a rebuild in the middle of a create request.
-    return CrunBackend(runtime_dir, templates=templates)
+    return open_backend(config.backend, BackendOptions(state_dir=runtime_dir, templates=templates))
 
 
 def _publish_ca(source: Path, target: Path) -> None:
@@ -139,7 +139,7 @@ async def open_server(
     try:
         keys = KeyStore(store.db)
         api_key = await ensure_key(store.db, config.data_dir / "api-key", config.owner, keys=keys)
-        backend = backend if backend is not None else _crun_backend(config, templates)
+        backend = backend if backend is not None else _open_backend(config, templates)
         settings = ServiceSettings(
             domain=_public_domain(config),
             envd_version=ENVD_VERSION,
@@ -248,16 +248,16 @@ def print_ready(server: RunningServer) -> None:
 
 def prepare_host(config: ServerConfig, say: Callable[[str], None]) -> None:
     """Root only: install and check what sandboxes and the domain's names need, saying what changes."""
-    from runtime import _host  # noqa: PLC0415
+    from runtime.backend import BackendError  # noqa: PLC0415
+    from runtime.backends import backend_entry  # noqa: PLC0415
 
     from . import _nameres  # noqa: PLC0415
 
     is_root = os.geteuid() == 0
     try:
-        if config.backend == "crun":
-            _host.prepare(say=say)
+        backend_entry(config.backend).prepare_host(say)  # crun: runtime.host.prepare; the fake: nothing
         _nameres.ensure(config.domain, apply=is_root, say=say)
-    except (_host.HostNotReadyError, _nameres.NameResolutionError) as exc:
+    except (BackendError, _nameres.NameResolutionError) as exc:
         raise ServerStartError(str(exc)) from None
 
 

@@ -14,7 +14,8 @@ from datetime import datetime
 
 import aiosqlite
 
-from ._store import AlreadyExists, decode_page_key, encode_page_key, format_time, parse_time
+from ._records import format_time, parse_time
+from ._store import AlreadyExists, decode_page_key, encode_page_key
 
 __all__ = ["SnapshotPage", "SnapshotRecord", "SnapshotStore"]
 

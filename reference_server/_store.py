@@ -1,7 +1,7 @@
 """The reference server's durable store: one JSON record per sandbox, in SQLite.
 
 A server killed at any point must restart with no lost records and no orphaned sandboxes
-(DESIGN.md §8), so everything the control plane knows about a sandbox lives here, not in memory.
+(docs/ARCHITECTURE.md, "Crash safety"), so everything the control plane knows about a sandbox lives here, not in memory.
 
 - **The JSON record is the source of truth.** The columns the server searches by (owner, state,
   expiry, generation, creation order) are generated from it and indexed, so they cannot disagree
@@ -42,8 +42,8 @@ import os
 import re
 import sqlite3
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
-from datetime import UTC, datetime
+from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypedDict
@@ -51,6 +51,33 @@ from typing import Any, TypedDict
 import aiosqlite
 
 from ._migrations import MIGRATIONS, Migration, migrate
+from ._records import (
+    EXPIRING_STATES,
+    STATES,
+    TRANSITIONS,
+    SandboxDetails,
+    SandboxRecord,
+    SandboxState,
+    format_time,
+    parse_time,
+)
+
+__all__ = [
+    "AlreadyExists",
+    "Changes",
+    "GenerationConflict",
+    "InvalidCursor",
+    "InvalidTransition",
+    "NotFound",
+    "Page",
+    "Store",
+    "StoreError",
+    "check_transition",
+    "decode_cursor",
+    "decode_page_key",
+    "encode_cursor",
+    "encode_page_key",
+]
 
 
 class StoreError(Exception):
@@ -83,144 +110,25 @@ class InvalidCursor(StoreError):  # noqa: N818
         super().__init__("Invalid pagination cursor")
 
 
-# The server's lifecycle (DESIGN.md §4, PROTOCOL.md §11.2) as data: state → the states it may move to.
-#
-#     creating → running → pausing → paused → resuming → running
-#
-# A pause or resume that the runtime refused (or that a crash interrupted before the runtime
-# acted) goes back where it came from: pausing → running, resuming → paused.
-#
-# Every state except killed may still hold runtime resources, so every one of them may go to
-# killing, and killing goes to killed once the runtime has released everything. Any live state
-# may go to failed when a runtime operation failed and left the sandbox in no known state; a
-# failed sandbox may still hold resources, so its only way on is killing (which releases them;
-# a release that fails again goes back to failed). killed is terminal. A change that keeps the
-# state (new expiry, metadata) is not a transition and is always allowed. This is the server's
-# view; what a backend can do is runtime._backend.TRANSITIONS, and the services map between them.
-TRANSITIONS: dict[str, frozenset[str]] = {
-    "creating": frozenset({"running", "killing", "failed"}),
-    "running": frozenset({"pausing", "killing", "failed"}),
-    "pausing": frozenset({"paused", "running", "killing", "failed"}),
-    "paused": frozenset({"resuming", "killing", "failed"}),
-    "resuming": frozenset({"running", "paused", "killing", "failed"}),
-    "killing": frozenset({"killed", "failed"}),
-    "failed": frozenset({"killing"}),
-    "killed": frozenset(),
-}
-STATES: frozenset[str] = frozenset(TRANSITIONS)
-
-# The states in which a sandbox's timeout runs, so the reaper acts on them (kill, or pause when
-# auto_pause is set). A paused sandbox keeps no timeout (it stays until resumed or killed, as in
-# E2B); a transitional state belongs to an operation in flight, which has its own deadline and
-# is settled by startup reconciliation if the server died during it; killed and failed are done.
-EXPIRING_STATES: frozenset[str] = frozenset({"running"})
-
-
 def check_transition(current: str, new: str) -> None:
     """Raise ``InvalidTransition`` unless the table allows ``current`` → ``new`` (or they are equal)."""
     if new not in STATES:
         raise InvalidTransition(f"unknown sandbox state {new!r} (known: {', '.join(sorted(STATES))})")
-    if new != current and new not in TRANSITIONS[current]:
-        allowed = ", ".join(sorted(TRANSITIONS[current])) or "nothing: it is terminal"
+    allowed_next = TRANSITIONS[SandboxState(current)]
+    if new != current and new not in allowed_next:
+        allowed = ", ".join(sorted(allowed_next)) or "nothing: it is terminal"
         raise InvalidTransition(f"a sandbox that is {current} cannot become {new} (it may become: {allowed})")
-
-
-_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z")
-
-
-def format_time(moment: datetime) -> str:
-    """Fixed-width UTC text, so that text order is time order in SQL (the columns are compared as text)."""
-    if moment.utcoffset() is None:
-        raise ValueError(f"timestamps must be timezone-aware, got {moment!r}")
-    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
-
-
-def parse_time(text: str) -> datetime:
-    if not _TIME.fullmatch(text):
-        raise ValueError(f"not a UTC timestamp of the form 2026-01-02T03:04:05.000006Z: {text!r}")
-    return datetime.fromisoformat(text[:-1]).replace(tzinfo=UTC)
-
-
-def _string_map(value: object, what: str) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise ValueError(f"{what} must map strings to strings")
-    return dict(value)
-
-
-@dataclass(frozen=True, kw_only=True)
-class SandboxRecord:
-    """Everything the server keeps about one sandbox. ``data`` holds the rest (any JSON values)."""
-
-    sandbox_id: str
-    owner: str
-    template_id: str
-    state: str
-    generation: int = 1
-    created_at: datetime
-    expires_at: datetime
-    metadata: dict[str, str] = field(default_factory=dict)
-    env_vars: dict[str, str] = field(default_factory=dict, repr=False)  # may hold secrets: kept out of logs
-    auto_pause: bool = False
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for name in ("sandbox_id", "owner", "template_id"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value:
-                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-        if self.state not in STATES:
-            raise ValueError(f"unknown sandbox state {self.state!r}")
-        if isinstance(self.generation, bool) or not isinstance(self.generation, int) or self.generation < 1:
-            raise ValueError(f"generation must be a positive integer, got {self.generation!r}")
-        for name in ("created_at", "expires_at"):
-            moment = getattr(self, name)
-            if not isinstance(moment, datetime):
-                raise ValueError(f"{name} must be a datetime, got {moment!r}")
-            format_time(moment)  # rejects naive datetimes
-            object.__setattr__(self, name, moment.astimezone(UTC))
-        object.__setattr__(self, "metadata", _string_map(self.metadata, "metadata"))
-        object.__setattr__(self, "env_vars", _string_map(self.env_vars, "env_vars"))
-        if not isinstance(self.auto_pause, bool):
-            raise ValueError(f"auto_pause must be a boolean, got {self.auto_pause!r}")
-        if not isinstance(self.data, dict) or not all(isinstance(key, str) for key in self.data):
-            raise ValueError("data must be a JSON object")
-
-    def to_json(self) -> str:
-        document = {item.name: getattr(self, item.name) for item in fields(self)}
-        document.update(created_at=format_time(self.created_at), expires_at=format_time(self.expires_at))
-        return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-    @classmethod
-    def from_json(cls, text: str) -> SandboxRecord:
-        """The inverse of ``to_json``; a missing or unknown field is an error, never silently dropped."""
-        value = json.loads(text)
-        if not isinstance(value, dict):
-            raise ValueError("a sandbox record must be a JSON object")
-        if set(value) != _FIELDS:
-            missing, unknown = sorted(_FIELDS - set(value)), sorted(set(value) - _FIELDS)
-            raise ValueError(f"sandbox record fields differ: missing {missing}, unknown {unknown}")
-        for name in ("created_at", "expires_at"):
-            if not isinstance(value[name], str):
-                raise ValueError(f"{name} must be a timestamp string")
-        return cls(
-            **{name: value[name] for name in _FIELDS - {"created_at", "expires_at"}},
-            created_at=parse_time(value["created_at"]),
-            expires_at=parse_time(value["expires_at"]),
-        )
-
-
-_FIELDS = frozenset(item.name for item in fields(SandboxRecord))
 
 
 class Changes(TypedDict, total=False):
     """What a compare-and-swap may change; identity, owner, creation time and generation never change."""
 
-    state: str
+    state: SandboxState
     expires_at: datetime
     metadata: dict[str, str]
     env_vars: dict[str, str]
     auto_pause: bool
-    data: dict[str, Any]
+    details: SandboxDetails
 
 
 _CHANGEABLE = frozenset(Changes.__annotations__)

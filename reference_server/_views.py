@@ -12,11 +12,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ._metrics import Sample
+from ._records import LifecycleEvent, SandboxRecord
 from ._sandboxes import Opened, api_state
 from ._snapshots import SnapshotRecord
-from ._store import SandboxRecord
 
-__all__ = ["detail", "listed", "log_entries", "metric", "sandbox", "snapshot"]
+__all__ = ["detail", "listed", "log_entry", "log_line", "metric", "sandbox", "snapshot"]
 
 # Deprecated upstream and ignored by the clients, but required by the schemas.
 CLIENT_ID = "e2b-compat"
@@ -33,7 +33,7 @@ def sandbox(opened: Opened, domain: str) -> dict[str, Any]:
         "sandboxID": record.sandbox_id,
         "templateID": record.template_id,
         "clientID": CLIENT_ID,
-        "envdVersion": record.data["envd_version"],
+        "envdVersion": record.details.envd_version,
         "domain": domain,
         "trafficAccessToken": opened.traffic_token,
     }
@@ -43,16 +43,16 @@ def sandbox(opened: Opened, domain: str) -> dict[str, Any]:
 
 
 def _common(record: SandboxRecord) -> dict[str, Any]:
-    started = record.data.get("started_at")
+    started = record.details.started_at
     return {
         "sandboxID": record.sandbox_id,
         "templateID": record.template_id,
         "clientID": CLIENT_ID,
-        "cpuCount": int(record.data.get("cpu_count", 1)),
-        "memoryMB": int(record.data.get("memory_mb", 512)),
+        "cpuCount": record.details.cpu_count,
+        "memoryMB": record.details.memory_mb,
         "diskSizeMB": DISK_SIZE_MB,
-        "envdVersion": record.data["envd_version"],
-        "startedAt": started if isinstance(started, str) else _time(record.created_at),
+        "envdVersion": record.details.envd_version,
+        "startedAt": started if started is not None else _time(record.created_at),
         "endAt": _time(record.expires_at),
         "state": api_state(record.state),
         "metadata": record.metadata,
@@ -66,13 +66,12 @@ def listed(record: SandboxRecord) -> dict[str, Any]:
 
 def detail(record: SandboxRecord, envd_token: str | None, domain: str) -> dict[str, Any]:
     body = _common(record)
-    network = dict(record.data.get("network") or {})
     body.update(
         domain=domain,
-        allowInternetAccess=bool(record.data.get("allow_internet_access", True)),
-        network=network,
+        allowInternetAccess=record.details.allow_internet_access,
+        network=record.details.network.to_dict(),
         lifecycle={
-            "autoResume": bool(record.data.get("auto_resume", False)),
+            "autoResume": record.details.auto_resume,
             "onTimeout": "pause" if record.auto_pause else "kill",
         },
     )
@@ -99,14 +98,16 @@ def snapshot(record: SnapshotRecord) -> dict[str, Any]:
     return {"snapshotID": record.snapshot_id, "names": list(record.names)}
 
 
-def log_entries(record: SandboxRecord) -> list[dict[str, Any]]:
-    """The sandbox's lifecycle log, oldest first, as ``SandboxLogEntry`` objects."""
-    return [
-        {
-            "timestamp": event["timestamp"],
-            "level": event["level"],
-            "message": event["message"],
-            "fields": {key: str(value) for key, value in event.get("fields", {}).items()},
-        }
-        for event in record.data.get("events", [])
-    ]
+def log_entry(event: LifecycleEvent) -> dict[str, Any]:
+    """A ``SandboxLogEntry`` (v2, and ``logEntries`` of v1)."""
+    return {
+        "timestamp": event.timestamp,
+        "level": event.level,
+        "message": event.message,
+        "fields": {key: str(value) for key, value in event.fields.items()},
+    }
+
+
+def log_line(event: LifecycleEvent) -> dict[str, Any]:
+    """A ``SandboxLog`` (v1's ``logs``)."""
+    return {"timestamp": event.timestamp, "line": event.message}

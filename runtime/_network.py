@@ -77,6 +77,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .backend import BackendError
+
 __all__ = [
     "DEFAULT_POOL",
     "FIREWALL_TABLE",
@@ -121,7 +123,7 @@ _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _TABLE = f"inet {FIREWALL_TABLE}"
 
 
-class NetworkError(RuntimeError):
+class NetworkError(BackendError):
     """A network command failed; the message carries the command's own error output."""
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ._backend import Limits
+from .backend import Limits
 
 CAPABILITIES = [
     "CAP_CHOWN",

@@ -3,13 +3,13 @@
 Request pipeline, outermost first (as envd): CORS → access-token gate → routing. The
 Connect services resolve the acting user themselves so a stream can answer with an
 end-of-stream error, as upstream does. Only ``GET /health``, ``GET``/``POST /files`` and
-``POST /init`` pass the gate without the token.
+``POST /init`` pass the gate without the token. Every refusal is an ``AgentError``, answered
+by ``_errors``: the HTTP routes' own form, or a Connect error (the ``ConnectErrors`` interceptor).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,8 +22,10 @@ from contract.generated.filesystem import filesystem_pb2
 from contract.generated.filesystem.filesystem_connect import FilesystemASGIApplication
 from contract.generated.process import process_pb2
 from contract.generated.process.process_connect import ProcessASGIApplication
+from contract.protocol import ACCESS_TOKEN_HEADER, CONNECT_PROTOCOL_VERSION_HEADER
 
 from . import _files, _http
+from ._errors import AgentError, ConnectErrors, ErrorKind, HttpBody, http_response
 from ._filesystem_service import FilesystemService
 from ._metrics import MetricsCollector
 from ._process_service import ProcessService
@@ -34,30 +36,7 @@ from ._validation import RequestValidation, input_types
 
 _EXEMPT = frozenset({("GET", "/health"), ("GET", "/files"), ("POST", "/files"), ("POST", "/init")})
 _RPC_PREFIXES = ("/process.Process/", "/filesystem.Filesystem/")
-_UNAUTHORIZED = (
-    json.dumps(
-        {
-            "code": 401,
-            "message": "unauthorized access, please provide a valid access token or method signing if supported",
-        }
-    ).encode()
-    + b"\n"
-)
-
-
-async def _send_json(send: Send, status: int, body: bytes) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json; charset=utf-8"),
-                (b"x-content-type-options", b"nosniff"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+_UNAUTHORIZED = "unauthorized access, please provide a valid access token or method signing if supported"
 
 
 class AgentApp:
@@ -74,8 +53,9 @@ class AgentApp:
             return
         method, path = scope["method"], scope["path"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if (method, path) not in _EXEMPT and not self._state.token_matches(headers.get("x-access-token")):
-            await _send_json(send, 401, _UNAUTHORIZED)
+        if (method, path) not in _EXEMPT and not self._state.token_matches(headers.get(ACCESS_TOKEN_HEADER.lower())):
+            refusal = AgentError(ErrorKind.UNAUTHENTICATED, _UNAUTHORIZED)
+            await http_response(refusal, HttpBody.JSON)(scope, receive, send)
             return
         for prefix, app in self._rpc.items():
             if path.startswith(prefix):
@@ -86,8 +66,7 @@ class AgentApp:
             try:
                 self._state.user_from_basic(headers.get("authorization"))
             except UserError as exc:
-                body = json.dumps({"code": "unauthenticated", "message": str(exc)}).encode()
-                await _send_json(send, 401, body)
+                await http_response(exc, HttpBody.CONNECT_JSON)(scope, receive, send)
                 return
         await self._routes(scope, receive, send)
 
@@ -125,9 +104,12 @@ def create_app(
     routes.state.agent = state
     routes.state.metrics = metrics or MetricsCollector()
     types = input_types(process_pb2.DESCRIPTOR, filesystem_pb2.DESCRIPTOR)
+    interceptors = (ConnectErrors(),)
     rpc: dict[str, Any] = {
-        _RPC_PREFIXES[0]: RequestValidation(ProcessASGIApplication(ProcessService(state, table)), types),
-        _RPC_PREFIXES[1]: RequestValidation(FilesystemASGIApplication(filesystem), types),
+        _RPC_PREFIXES[0]: RequestValidation(
+            ProcessASGIApplication(ProcessService(state, table), interceptors=interceptors), types
+        ),
+        _RPC_PREFIXES[1]: RequestValidation(FilesystemASGIApplication(filesystem, interceptors=interceptors), types),
     }
     gate = AgentApp(state, routes, rpc)
     return CORSMiddleware(
@@ -139,7 +121,7 @@ def create_app(
             "Location",
             "Cache-Control",
             "X-Content-Type-Options",
-            "Connect-Protocol-Version",
+            CONNECT_PROTOCOL_VERSION_HEADER,
             "Grpc-Status",
             "Grpc-Message",
         ],

@@ -1,11 +1,12 @@
-"""``GET /files`` and ``POST /files`` (ENVD.md §4.5, §4.6), streamed both ways.
+"""``GET /files`` and ``POST /files`` (docs/PROTOCOL-NOTES.md, envd HTTP routes), streamed both ways.
 
 Bodies never sit in memory whole: uploads are written part by part as they arrive (raw,
 gzip or multipart), downloads are read from the open file in chunks. Files are opened with
 the requesting user's credentials (``run_as``), so the kernel decides what that user may
 read or write; once open, the descriptor is used from the event loop directly. Switching
 credentials synchronously in the loop thread is safe: nothing else runs on that thread
-until the switch is undone.
+until the switch is undone. Refusals are ``AgentError``s, answered as envd's JSON error
+``{"code": <status>, "message": ...}`` (``_errors.answers_errors``).
 """
 
 from __future__ import annotations
@@ -30,40 +31,22 @@ from python_multipart.multipart import MultipartParser, MultipartState, parse_op
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from contract.protocol import ACCESS_TOKEN_HEADER
+
 from ._credentials import run_as
+from ._errors import AgentError, ErrorKind, HttpBody, answers_errors
 
 if TYPE_CHECKING:  # the callbacks' TypedDict exists for type checkers only
     from python_multipart.multipart import MultipartCallbacks
 from ._filesystem import METADATA_PREFIX, read_metadata
-from ._paths import PathError, ensure_parents, resolve
-from ._state import AgentState, UserError
+from ._paths import ensure_parents, resolve
+from ._state import AgentState
 from ._users import User
 
 CHUNK = 64 * 1024
 _METADATA_HEADER = "x-metadata-"
 _MAX_KEY = 246
 _MAX_METADATA = 4096
-
-
-class HttpError(Exception):
-    def __init__(self, status: int, message: str, *, plain: bool = False) -> None:
-        self.status = status
-        self.message = message
-        self.plain = plain
-        super().__init__(message)
-
-
-def error_response(status: int, message: str) -> Response:
-    body = json.dumps({"code": status, "message": message}) + "\n"
-    return Response(
-        body, status, media_type="application/json; charset=utf-8", headers={"X-Content-Type-Options": "nosniff"}
-    )
-
-
-def _respond(exc: HttpError) -> Response:
-    if exc.plain:
-        return Response(exc.message, exc.status, media_type="text/plain; charset=utf-8")
-    return error_response(exc.status, exc.message)
 
 
 # -- signatures ---------------------------------------------------------------
@@ -80,42 +63,37 @@ def check_signature(state: AgentState, request: Request, operation: str) -> None
     """Token or signed URL, checked only while an access token is set (§2.2)."""
     if state.access_token is None:
         return
-    presented = request.headers.get("x-access-token")
+    presented = request.headers.get(ACCESS_TOKEN_HEADER)
     if presented:
         if not state.token_matches(presented):
-            raise HttpError(401, "access token present in header but does not match")
+            raise AgentError(ErrorKind.UNAUTHENTICATED, "access token present in header but does not match")
         return
     query = request.query_params
     given = query.get("signature")
     if given is None:
-        raise HttpError(401, "missing signature query parameter")
+        raise AgentError(ErrorKind.UNAUTHENTICATED, "missing signature query parameter")
     raw_expiration = query.get("signature_expiration")
     expiration = None
     if raw_expiration is not None:
         try:
             expiration = int(raw_expiration)
         except ValueError:
-            raise HttpError(
-                400,
+            raise AgentError(  # answered by envd's generated router, before the handler, in its form
+                ErrorKind.INVALID_ARGUMENT,
                 f"Invalid format for parameter signature_expiration: {raw_expiration!r} is not an integer",
-                plain=True,
+                http_body=HttpBody.TEXT,
             ) from None
     expected = signature(query.get("path", ""), operation, query.get("username", ""), state.access_token, expiration)
     if not hmac.compare_digest(given.encode(), expected.encode()):
-        raise HttpError(401, "invalid signature")
+        raise AgentError(ErrorKind.UNAUTHENTICATED, "invalid signature")
     if expiration is not None and expiration < int(time.time()):
-        raise HttpError(401, "signature is already expired")
+        raise AgentError(ErrorKind.UNAUTHENTICATED, "signature is already expired")
 
 
 def _user_and_path(state: AgentState, request: Request) -> tuple[User, str]:
-    try:
-        user = state.user_by_name(request.query_params.get("username"))
-    except UserError as exc:
-        raise HttpError(401, str(exc)) from None
-    try:
-        return user, resolve(request.query_params.get("path", ""), user, state.default_workdir)
-    except PathError as exc:
-        raise HttpError(400, str(exc)) from None
+    """The user (``UserError``: 401) and the resolved path (``PathError``: 400)."""
+    user = state.user_by_name(request.query_params.get("username"))
+    return user, resolve(request.query_params.get("path", ""), user, state.default_workdir)
 
 
 # -- download -------------------------------------------------------------------
@@ -180,35 +158,35 @@ async def _gzip_chunks(fd: int) -> AsyncIterator[bytes]:
     yield compressor.flush()
 
 
+@answers_errors(HttpBody.JSON)
 async def download(request: Request) -> Response:
     state: AgentState = request.app.state.agent
+    check_signature(state, request, "read")
+    user, path = _user_and_path(state, request)
+
+    def open_for_reading() -> tuple[int, os.stat_result]:
+        info = os.stat(path)
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError(path)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return fd, os.fstat(fd)
+
     try:
-        check_signature(state, request, "read")
-        user, path = _user_and_path(state, request)
-
-        def open_for_reading() -> tuple[int, os.stat_result]:
-            info = os.stat(path)
-            if stat.S_ISDIR(info.st_mode):
-                raise IsADirectoryError(path)
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            return fd, os.fstat(fd)
-
-        try:
-            fd, info = run_as(user, open_for_reading)
-        except FileNotFoundError:
-            raise HttpError(404, f"path '{path}' does not exist") from None
-        except IsADirectoryError:
-            raise HttpError(400, f"path '{path}' is a directory") from None
-        except PermissionError as exc:
-            raise HttpError(403, f"error opening file '{path}': {exc.strerror}") from None
-        except OSError as exc:
-            raise HttpError(500, f"error opening file '{path}': {exc.strerror}") from None
-    except HttpError as exc:
-        return _respond(exc)
+        fd, info = run_as(user, open_for_reading)
+    except FileNotFoundError:
+        raise AgentError(ErrorKind.NOT_FOUND, f"path '{path}' does not exist") from None
+    except IsADirectoryError:
+        raise AgentError(ErrorKind.INVALID_ARGUMENT, f"path '{path}' is a directory") from None
+    except PermissionError as exc:
+        raise AgentError(ErrorKind.PERMISSION_DENIED, f"error opening file '{path}': {exc.strerror}") from None
+    except OSError as exc:
+        raise AgentError(ErrorKind.INTERNAL, f"error opening file '{path}': {exc.strerror}") from None
     encoding = choose_encoding(request.headers.get("accept-encoding"))
     if encoding is None:
         os.close(fd)
-        return error_response(406, "error parsing Accept-Encoding: no acceptable encoding found, supported: [gzip]")
+        raise AgentError(
+            ErrorKind.NOT_ACCEPTABLE, "error parsing Accept-Encoding: no acceptable encoding found, supported: [gzip]"
+        )
     media_type, _ = mimetypes.guess_type(request.query_params.get("path", "") or path)
     if media_type is None:
         media_type = "application/octet-stream"
@@ -238,13 +216,17 @@ def parse_metadata(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
             continue
         value = raw_value.decode("latin-1")
         if len(key.encode()) > _MAX_KEY:
-            raise HttpError(400, f"invalid metadata: key {key[:32]!r}… is longer than {_MAX_KEY} bytes")
+            raise AgentError(
+                ErrorKind.INVALID_ARGUMENT, f"invalid metadata: key {key[:32]!r}… is longer than {_MAX_KEY} bytes"
+            )
         for text in (key, value):
             if any(not 0x20 <= ord(c) <= 0x7E for c in text):
-                raise HttpError(400, "invalid metadata: keys and values must be printable ASCII")
+                raise AgentError(
+                    ErrorKind.INVALID_ARGUMENT, "invalid metadata: keys and values must be printable ASCII"
+                )
         metadata[key] = value
     if sum(9 + len(k) + len(v) for k, v in metadata.items()) > _MAX_METADATA:
-        raise HttpError(400, f"invalid metadata: total size exceeds {_MAX_METADATA} bytes")
+        raise AgentError(ErrorKind.INVALID_ARGUMENT, f"invalid metadata: total size exceeds {_MAX_METADATA} bytes")
     return metadata
 
 
@@ -269,15 +251,17 @@ class FileSink:
         try:
             self.fd: int | None = run_as(user, open_for_writing)
         except IsADirectoryError:
-            raise HttpError(400, f"path is a directory: {path}") from None
+            raise AgentError(ErrorKind.INVALID_ARGUMENT, f"path is a directory: {path}") from None
         except NotADirectoryError as exc:
-            raise HttpError(500, f"error ensuring directories: {exc}") from None
+            raise AgentError(ErrorKind.INTERNAL, f"error ensuring directories: {exc}") from None
         except PermissionError as exc:
-            raise HttpError(403, f"error opening file '{path}': {exc.strerror}") from None
+            raise AgentError(ErrorKind.PERMISSION_DENIED, f"error opening file '{path}': {exc.strerror}") from None
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise HttpError(507, f"not enough inodes available: {exc.strerror}") from None
-            raise HttpError(500, f"error opening file '{path}': {exc.strerror}") from None
+                raise AgentError(
+                    ErrorKind.INSUFFICIENT_STORAGE, f"not enough inodes available: {exc.strerror}"
+                ) from None
+            raise AgentError(ErrorKind.INTERNAL, f"error opening file '{path}': {exc.strerror}") from None
 
     def write(self, data: bytes | memoryview) -> None:
         assert self.fd is not None
@@ -290,8 +274,8 @@ class FileSink:
         except OSError as exc:
             self.abort()
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise HttpError(507, "not enough disk space available") from None
-            raise HttpError(500, f"error writing file: {exc.strerror}") from None
+                raise AgentError(ErrorKind.INSUFFICIENT_STORAGE, "not enough disk space available") from None
+            raise AgentError(ErrorKind.INTERNAL, f"error writing file: {exc.strerror}") from None
 
     def abort(self) -> None:
         if self.fd is not None:
@@ -310,9 +294,11 @@ class FileSink:
                     os.setxattr(self.path, METADATA_PREFIX + key, value.encode())
             except OSError as exc:
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise HttpError(507, f"not enough space for metadata: {exc.strerror}") from None
+                    raise AgentError(
+                        ErrorKind.INSUFFICIENT_STORAGE, f"not enough space for metadata: {exc.strerror}"
+                    ) from None
                 if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
-                    raise HttpError(500, f"error writing metadata: {exc.strerror}") from None
+                    raise AgentError(ErrorKind.INTERNAL, f"error writing metadata: {exc.strerror}") from None
             return read_metadata(self.path)
 
         stored = run_as(self.user, tag)
@@ -330,8 +316,9 @@ async def _body(request: Request) -> AsyncIterator[bytes]:
             yield chunk
         return
     if encoding != "gzip":
-        raise HttpError(
-            400, f"error decompressing request body: unsupported Content-Encoding: {encoding}, supported: [gzip]"
+        raise AgentError(
+            ErrorKind.INVALID_ARGUMENT,
+            f"error decompressing request body: unsupported Content-Encoding: {encoding}, supported: [gzip]",
         )
     decompressor = zlib.decompressobj(31)
     first = True
@@ -339,12 +326,13 @@ async def _body(request: Request) -> AsyncIterator[bytes]:
         try:
             out = decompressor.decompress(chunk)
         except zlib.error as exc:
-            raise HttpError(400 if first else 500, f"error decompressing request body: {exc}") from None
+            kind = ErrorKind.INVALID_ARGUMENT if first else ErrorKind.INTERNAL
+            raise AgentError(kind, f"error decompressing request body: {exc}") from None
         first = False
         if out:
             yield out
     if not decompressor.eof:
-        raise HttpError(500, "error writing file: unexpected EOF in gzip stream")
+        raise AgentError(ErrorKind.INTERNAL, "error writing file: unexpected EOF in gzip stream")
 
 
 class _MultipartUpload:
@@ -395,15 +383,12 @@ class _MultipartUpload:
             else (filename.decode("utf-8", "surrogateescape") if filename is not None else None)
         )
         if raw is None:
-            raise HttpError(400, "file part has no filename and no path parameter was given")
-        try:
-            target = resolve(raw, self.user, self.state.default_workdir)
-        except PathError as exc:
-            raise HttpError(400, str(exc)) from None
+            raise AgentError(ErrorKind.INVALID_ARGUMENT, "file part has no filename and no path parameter was given")
+        target = resolve(raw, self.user, self.state.default_workdir)
         if target in self.seen:
             done = ", ".join(r["path"] for r in self.results)
-            raise HttpError(
-                400,
+            raise AgentError(
+                ErrorKind.INVALID_ARGUMENT,
                 f"you cannot upload multiple files to the same path '{target}' in one upload "
                 f"request, only the first specified file was uploaded (uploaded: {done})",
             )
@@ -420,6 +405,7 @@ class _MultipartUpload:
             self.sink = None
 
 
+@answers_errors(HttpBody.JSON)
 async def upload(request: Request) -> Response:
     state: AgentState = request.app.state.agent
     sink: FileSink | None = None
@@ -427,46 +413,45 @@ async def upload(request: Request) -> Response:
     try:
         check_signature(state, request, "write")
         body = _body(request)
-        try:
-            user = state.user_by_name(request.query_params.get("username"))
-        except UserError as exc:
-            raise HttpError(401, str(exc)) from None
+        user = state.user_by_name(request.query_params.get("username"))
         metadata = parse_metadata(request.scope["headers"])
         content_type, options = parse_options_header(request.headers.get("content-type", ""))
         path_param = request.query_params.get("path")
         if content_type == b"application/octet-stream":
             if not path_param:
-                raise HttpError(400, "path query parameter is required for raw body upload")
-            try:
-                target = resolve(path_param, user, state.default_workdir)
-            except PathError as exc:
-                raise HttpError(400, str(exc)) from None
-            sink = FileSink(target, user, metadata)
+                raise AgentError(ErrorKind.INVALID_ARGUMENT, "path query parameter is required for raw body upload")
+            sink = FileSink(resolve(path_param, user, state.default_workdir), user, metadata)
             async for chunk in body:
                 sink.write(chunk)
             result = [sink.finish()]
         elif content_type.startswith(b"multipart/"):
             boundary = options.get(b"boundary")
             if content_type not in (b"multipart/form-data", b"multipart/mixed") or not boundary:
-                raise HttpError(500, "error parsing multipart form: no multipart boundary param in Content-Type")
+                raise AgentError(
+                    ErrorKind.INTERNAL, "error parsing multipart form: no multipart boundary param in Content-Type"
+                )
             multipart = _MultipartUpload(state, user, path_param, metadata)
             parser = MultipartParser(boundary, multipart.callbacks())
             async for chunk in body:
                 parser.write(chunk)
             parser.finalize()
             if parser.state != MultipartState.END:
-                raise HttpError(400, "error parsing multipart form: unexpected EOF before the closing boundary")
+                raise AgentError(
+                    ErrorKind.INVALID_ARGUMENT,
+                    "error parsing multipart form: unexpected EOF before the closing boundary",
+                )
             result = multipart.results
         else:
             shown = content_type.decode("latin-1") or "<none>"
-            raise HttpError(
-                400, f"unsupported content type: {shown}, expected multipart/form-data or application/octet-stream"
+            raise AgentError(
+                ErrorKind.INVALID_ARGUMENT,
+                f"unsupported content type: {shown}, expected multipart/form-data or application/octet-stream",
             )
-    except Exception as exc:  # noqa: BLE001 - a malformed body must give an answer, not kill the request
+    except Exception as exc:  # a malformed body must give an answer, not kill the request
         for open_sink in (sink, multipart.sink if multipart else None):
             if open_sink is not None:
                 open_sink.abort()
-        if isinstance(exc, HttpError):
-            return _respond(exc)
-        return error_response(400, f"error parsing request body: {exc}")
+        if isinstance(exc, AgentError):
+            raise
+        raise AgentError(ErrorKind.INVALID_ARGUMENT, f"error parsing request body: {exc}") from exc
     return Response(json.dumps(result), 200, media_type="application/json")

@@ -1,4 +1,4 @@
-"""Filesystem operations behind ``filesystem.Filesystem`` (ENVD.md §6).
+"""Filesystem operations behind ``filesystem.Filesystem`` (docs/PROTOCOL-NOTES.md, envd filesystem).
 
 Every function here is blocking and is meant to run through ``_credentials.as_user`` so the
 kernel checks permissions as the requesting user. They return protobuf ``EntryInfo``
@@ -12,12 +12,12 @@ import os
 import shutil
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from contract.generated.filesystem import filesystem_pb2 as pb
 
+from ._errors import AgentError, ErrorKind
 from ._paths import ensure_parents
 from ._users import UserDatabase
 
@@ -37,13 +37,8 @@ _SPECIAL: tuple[tuple[str, Callable[[int], bool]], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class FsError(Exception):
-    kind: str  # not_found, already_exists, invalid_argument, failed_precondition, internal
-    message: str
-
-    def __str__(self) -> str:
-        return self.message
+class FsError(AgentError):
+    """Filesystem work the kernel or envd's rules refused; ``kind`` is the wire code."""
 
 
 def wire_text(name: str) -> str:
@@ -118,9 +113,9 @@ def stat_entry(path: str, users: UserDatabase) -> pb.EntryInfo:
     try:
         return entry_info(path, users)
     except FileNotFoundError:
-        raise FsError("not_found", f"file not found: lstat {path}: no such file or directory") from None
+        raise FsError(ErrorKind.NOT_FOUND, f"file not found: lstat {path}: no such file or directory") from None
     except OSError as exc:
-        raise FsError("internal", f"error getting file info: {exc}") from None
+        raise FsError(ErrorKind.INTERNAL, f"error getting file info: {exc}") from None
 
 
 def list_dir(requested: str, resolved: str, depth: int, users: UserDatabase) -> list[pb.EntryInfo]:
@@ -130,19 +125,19 @@ def list_dir(requested: str, resolved: str, depth: int, users: UserDatabase) -> 
         root = os.path.realpath(resolved, strict=True) if os.path.islink(resolved) else resolved
         if not os.path.isdir(root):
             if not os.path.lexists(root):
-                raise FsError("not_found", f"directory not found: {resolved}")
-            raise FsError("invalid_argument", f"path is not a directory: {resolved}")
+                raise FsError(ErrorKind.NOT_FOUND, f"directory not found: {resolved}")
+            raise FsError(ErrorKind.INVALID_ARGUMENT, f"path is not a directory: {resolved}")
     except RuntimeError:
-        raise FsError("failed_precondition", f"cyclic symlink or chain >255 links at {resolved}") from None
+        raise FsError(ErrorKind.FAILED_PRECONDITION, f"cyclic symlink or chain >255 links at {resolved}") from None
     except FileNotFoundError:
-        raise FsError("not_found", f"directory not found: {resolved}") from None
+        raise FsError(ErrorKind.NOT_FOUND, f"directory not found: {resolved}") from None
     out: list[pb.EntryInfo] = []
 
     def walk(real_dir: str, shown_dir: str, level: int) -> None:
         try:
             names = sorted(os.listdir(real_dir), key=os.fsencode)
         except OSError as exc:
-            raise FsError("internal", f"error reading directory {shown_dir}: {exc}") from None
+            raise FsError(ErrorKind.INTERNAL, f"error reading directory {shown_dir}: {exc}") from None
         if level > depth:
             return  # the last level's contents are read (errors count) but not reported
         for name in names:
@@ -167,30 +162,30 @@ def make_dir(path: str, users: UserDatabase) -> pb.EntryInfo:
         existing = None
     if existing is not None:
         if stat.S_ISDIR(existing.st_mode):
-            raise FsError("already_exists", f"directory already exists: {path}")
-        raise FsError("invalid_argument", f"path already exists but it is not a directory: {path}")
+            raise FsError(ErrorKind.ALREADY_EXISTS, f"directory already exists: {path}")
+        raise FsError(ErrorKind.INVALID_ARGUMENT, f"path already exists but it is not a directory: {path}")
     try:
         ensure_parents(path)
         os.mkdir(path, 0o755)
     except FileExistsError:
-        raise FsError("already_exists", f"directory already exists: {path}") from None
+        raise FsError(ErrorKind.ALREADY_EXISTS, f"directory already exists: {path}") from None
     except NotADirectoryError as exc:
-        raise FsError("internal", str(exc)) from None
+        raise FsError(ErrorKind.INTERNAL, str(exc)) from None
     except OSError as exc:
-        raise FsError("internal", f"error creating directory: {exc}") from None
+        raise FsError(ErrorKind.INTERNAL, f"error creating directory: {exc}") from None
     return entry_info(path, users)
 
 
 def move(source: str, destination: str, users: UserDatabase) -> pb.EntryInfo:
     if not os.path.lexists(source):
-        raise FsError("not_found", f"source file not found: {source}")
+        raise FsError(ErrorKind.NOT_FOUND, f"source file not found: {source}")
     try:
         ensure_parents(destination)
         os.rename(source, destination)
     except FileNotFoundError:
-        raise FsError("not_found", f"source file not found: {source}") from None
+        raise FsError(ErrorKind.NOT_FOUND, f"source file not found: {source}") from None
     except OSError as exc:
-        raise FsError("internal", f"error renaming: {exc}") from None
+        raise FsError(ErrorKind.INTERNAL, f"error renaming: {exc}") from None
     return entry_info(destination, users)
 
 
@@ -208,7 +203,7 @@ def remove(path: str) -> None:
     except FileNotFoundError:
         return
     except OSError as exc:
-        raise FsError("internal", f"error removing file or directory: {exc}") from None
+        raise FsError(ErrorKind.INTERNAL, f"error removing file or directory: {exc}") from None
 
 
 def check_watchable(path: str, allow_network_mounts: bool) -> None:
@@ -216,13 +211,15 @@ def check_watchable(path: str, allow_network_mounts: bool) -> None:
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        raise FsError("not_found", f"path {path} not found") from None
+        raise FsError(ErrorKind.NOT_FOUND, f"path {path} not found") from None
     except OSError as exc:
-        raise FsError("internal", f"error statting path {path}: {exc}") from None
+        raise FsError(ErrorKind.INTERNAL, f"error statting path {path}: {exc}") from None
     if not stat.S_ISDIR(info.st_mode):
-        raise FsError("invalid_argument", f"path {path} not a directory")
+        raise FsError(ErrorKind.INVALID_ARGUMENT, f"path {path} not a directory")
     if not allow_network_mounts and _on_network_mount(path):
-        raise FsError("invalid_argument", f"path {path} is on a network mount; set allow_network_mounts to watch it")
+        raise FsError(
+            ErrorKind.INVALID_ARGUMENT, f"path {path} is on a network mount; set allow_network_mounts to watch it"
+        )
 
 
 _NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb", "smb2", "smb3"})

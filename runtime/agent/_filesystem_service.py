@@ -1,4 +1,8 @@
-"""``filesystem.Filesystem`` over Connect: the wire side of ``_filesystem`` and ``_inotify``."""
+"""``filesystem.Filesystem`` over Connect: the wire side of ``_filesystem`` and ``_inotify``.
+
+Refusals are ``AgentError``s (``FsError``, ``WatcherError``, ``PathError``, ``UserError`` and the
+ones raised here); ``_errors.ConnectErrors`` turns them into Connect errors.
+"""
 
 from __future__ import annotations
 
@@ -7,31 +11,23 @@ import contextlib
 import os
 import secrets
 import string
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-from connectrpc.code import Code
-from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
 
 from contract.generated.filesystem import filesystem_pb2 as pb
 
 from . import _filesystem as fs
 from ._credentials import as_user
+from ._errors import AgentError, ErrorKind
 from ._inotify import DirectoryWatcher, EventKind, WatcherError, WatchEvent
-from ._paths import PathError, resolve
-from ._process_service import keepalive_interval
-from ._state import AgentState, UserError
+from ._paths import resolve
+from ._process_service import DEADLINE_MESSAGE, keepalive_interval
+from ._state import AgentState
 from ._users import User
 
-_CODES = {
-    "not_found": Code.NOT_FOUND,
-    "already_exists": Code.ALREADY_EXISTS,
-    "invalid_argument": Code.INVALID_ARGUMENT,
-    "failed_precondition": Code.FAILED_PRECONDITION,
-    "internal": Code.INTERNAL,
-}
 _EVENT_TYPES = {
     EventKind.CREATE: pb.EVENT_TYPE_CREATE,
     EventKind.WRITE: pb.EVENT_TYPE_WRITE,
@@ -41,11 +37,6 @@ _EVENT_TYPES = {
 }
 _WITH_ENTRY = frozenset({EventKind.CREATE, EventKind.WRITE, EventKind.CHMOD})
 _WATCHER_ID_ALPHABET = string.ascii_lowercase + string.digits
-T = TypeVar("T")
-
-
-def _error(exc: fs.FsError) -> ConnectError:
-    return ConnectError(_CODES.get(exc.kind, Code.INTERNAL), exc.message)
 
 
 @dataclass(eq=False)
@@ -68,16 +59,10 @@ class FilesystemService:
     # -- helpers -------------------------------------------------------------
 
     def _user(self, ctx: RequestContext[Any, Any]) -> User:
-        try:
-            return self._state.user_from_basic(ctx.request_headers().get("authorization"))
-        except UserError as exc:
-            raise ConnectError(Code.UNAUTHENTICATED, str(exc)) from None
+        return self._state.user_from_basic(ctx.request_headers().get("authorization"))
 
     def _resolve(self, raw: str, user: User) -> str:
-        try:
-            return resolve(raw, user, self._state.default_workdir)
-        except PathError as exc:
-            raise ConnectError(Code.INVALID_ARGUMENT, str(exc)) from None
+        return resolve(raw, user, self._state.default_workdir)
 
     async def _event_message(self, root: str, event: WatchEvent, include_entry: bool, user: User) -> pb.FilesystemEvent:
         message = pb.FilesystemEvent(name=fs.wire_text(event.name), type=_EVENT_TYPES[event.kind])
@@ -90,57 +75,45 @@ class FilesystemService:
     async def _open_watcher(
         self, path: str, recursive: bool, allow_network_mounts: bool, user: User
     ) -> DirectoryWatcher:
-        try:
-            await as_user(user, lambda: fs.check_watchable(path, allow_network_mounts))
-        except fs.FsError as exc:
-            raise _error(exc) from None
+        await as_user(user, lambda: fs.check_watchable(path, allow_network_mounts))
         watcher = DirectoryWatcher(path, recursive=recursive)
         try:
             await watcher.start()
         except FileNotFoundError:
-            raise ConnectError(Code.NOT_FOUND, f"path {path} not found") from None
+            raise AgentError(ErrorKind.NOT_FOUND, f"path {path} not found") from None
         except NotADirectoryError:
-            raise ConnectError(Code.INVALID_ARGUMENT, f"path {path} not a directory") from None
-        except WatcherError as exc:
-            raise ConnectError(Code.INTERNAL, str(exc)) from None
+            raise AgentError(ErrorKind.INVALID_ARGUMENT, f"path {path} not a directory") from None
         return watcher
 
     # -- unary operations --------------------------------------------------------
 
-    async def _as_user(self, user: User, work: Callable[[], T]) -> T:
-        """Run filesystem work with the user's credentials; its errors become Connect errors."""
-        try:
-            return await as_user(user, work)
-        except fs.FsError as exc:
-            raise _error(exc) from None
-
     async def stat(self, request: pb.StatRequest, ctx: RequestContext[Any, Any]) -> pb.StatResponse:
         user = self._user(ctx)
         path = self._resolve(request.path, user)
-        return pb.StatResponse(entry=await self._as_user(user, lambda: fs.stat_entry(path, self._state.users)))
+        return pb.StatResponse(entry=await as_user(user, lambda: fs.stat_entry(path, self._state.users)))
 
     async def make_dir(self, request: pb.MakeDirRequest, ctx: RequestContext[Any, Any]) -> pb.MakeDirResponse:
         user = self._user(ctx)
         path = self._resolve(request.path, user)
-        return pb.MakeDirResponse(entry=await self._as_user(user, lambda: fs.make_dir(path, self._state.users)))
+        return pb.MakeDirResponse(entry=await as_user(user, lambda: fs.make_dir(path, self._state.users)))
 
     async def move(self, request: pb.MoveRequest, ctx: RequestContext[Any, Any]) -> pb.MoveResponse:
         user = self._user(ctx)
         source = self._resolve(request.source, user)
         destination = self._resolve(request.destination, user)
-        entry = await self._as_user(user, lambda: fs.move(source, destination, self._state.users))
+        entry = await as_user(user, lambda: fs.move(source, destination, self._state.users))
         return pb.MoveResponse(entry=entry)
 
     async def list_dir(self, request: pb.ListDirRequest, ctx: RequestContext[Any, Any]) -> pb.ListDirResponse:
         user = self._user(ctx)
         path = self._resolve(request.path, user)
-        entries = await self._as_user(user, lambda: fs.list_dir(path, path, request.depth, self._state.users))
+        entries = await as_user(user, lambda: fs.list_dir(path, path, request.depth, self._state.users))
         return pb.ListDirResponse(entries=entries)
 
     async def remove(self, request: pb.RemoveRequest, ctx: RequestContext[Any, Any]) -> pb.RemoveResponse:
         user = self._user(ctx)
         path = self._resolve(request.path, user)
-        await self._as_user(user, lambda: fs.remove(path))
+        await as_user(user, lambda: fs.remove(path))
         return pb.RemoveResponse()
 
     # -- streaming watch ---------------------------------------------------------
@@ -161,15 +134,13 @@ class FilesystemService:
             while True:
                 wait = interval if deadline is None else min(interval, deadline - loop.time())
                 if wait <= 0:
-                    raise ConnectError(Code.DEADLINE_EXCEEDED, "context deadline exceeded")
+                    raise AgentError(ErrorKind.DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
                 try:
                     event = await asyncio.wait_for(anext(events), wait)
                 except TimeoutError:
                     if deadline is None or loop.time() < deadline:
                         yield pb.WatchDirResponse(keepalive=pb.WatchDirResponse.KeepAlive())
                     continue
-                except WatcherError as exc:
-                    raise ConnectError(Code.INTERNAL, str(exc)) from None
                 message = await self._event_message(path, event, request.include_entry, user)
                 yield pb.WatchDirResponse(filesystem=message)
         finally:
@@ -199,7 +170,7 @@ class FilesystemService:
     def _polling(self, watcher_id: str) -> PollingWatcher:
         polling = self._watchers.get(watcher_id)
         if polling is None:
-            raise ConnectError(Code.NOT_FOUND, f"watcher with id {watcher_id} not found")
+            raise AgentError(ErrorKind.NOT_FOUND, f"watcher with id {watcher_id} not found")
         return polling
 
     async def get_watcher_events(
@@ -208,7 +179,7 @@ class FilesystemService:
         self._user(ctx)
         polling = self._polling(request.watcher_id)
         if polling.error is not None:
-            raise ConnectError(Code.INTERNAL, polling.error)
+            raise AgentError(ErrorKind.INTERNAL, polling.error)
         events, polling.events = polling.events, []
         return pb.GetWatcherEventsResponse(events=events)
 

@@ -1,4 +1,8 @@
-"""envd's plain HTTP routes: ``/health``, ``/metrics``, ``/envs``, ``/init`` (ENVD.md §4.1-4.4)."""
+"""envd's plain HTTP routes: ``/health``, ``/metrics``, ``/envs``, ``/init`` (docs/PROTOCOL-NOTES.md, envd HTTP routes).
+
+Refusals are ``AgentError``s in envd's forms: ``/init`` answers plain text, ``/metrics`` the
+status alone (``_errors.answers_errors``).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ._errors import AgentError, ErrorKind, HttpBody, answers_errors
 from ._metrics import MetricsCollector
 from ._state import INTERNAL_ENV, AgentState
 
@@ -21,22 +26,19 @@ async def health(request: Request) -> Response:
     return Response(status_code=204, headers=_NO_STORE)
 
 
+@answers_errors(HttpBody.EMPTY, headers=_NO_STORE)
 async def metrics(request: Request) -> Response:
     collector: MetricsCollector = request.app.state.metrics
     try:
         sample = collector.sample()
-    except OSError:
-        return Response(status_code=500, headers=_NO_STORE)
+    except OSError as exc:
+        raise AgentError(ErrorKind.INTERNAL, f"error reading metrics: {exc}") from None
     return JSONResponse(sample, headers=_NO_STORE)
 
 
 async def envs(request: Request) -> Response:
     state: AgentState = request.app.state.agent
     return JSONResponse(state.global_env(), headers=_NO_STORE)
-
-
-def _plain(status: int, text: str = "") -> Response:
-    return Response(text, status, media_type="text/plain; charset=utf-8")
 
 
 def parse_timestamp(value: str) -> datetime:
@@ -66,6 +68,7 @@ def _parse_init(body: bytes) -> dict[str, Any]:
     return data
 
 
+@answers_errors(HttpBody.TEXT)
 async def init(request: Request) -> Response:
     """Set token, environment, default user and workdir; idempotent; stale bodies ignored.
 
@@ -76,12 +79,12 @@ async def init(request: Request) -> Response:
     try:
         data = _parse_init(await request.body())
     except ValueError:
-        return _plain(400)
+        raise AgentError(ErrorKind.INVALID_ARGUMENT, "") from None  # envd answers a bare 400
     async with state.init_lock:
         presented = data.get("accessToken")
         if state.access_token is not None and not (presented is not None and state.token_matches(presented)):
             reason = "access token validation failed" if presented is not None else "access token reset not authorized"
-            return _plain(401, reason)
+            raise AgentError(ErrorKind.UNAUTHENTICATED, reason)
         stamp = data.get("timestamp")
         if stamp is not None and state.last_init is not None and stamp < state.last_init:
             return Response(status_code=204, headers=_NO_STORE)

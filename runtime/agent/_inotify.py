@@ -47,6 +47,8 @@ from typing import Final, Protocol
 
 import inotify_simple
 
+from ._errors import AgentError, ErrorKind
+
 _F = inotify_simple.flags
 IN_MODIFY: Final[int] = int(_F.MODIFY)
 IN_ATTRIB: Final[int] = int(_F.ATTRIB)
@@ -86,8 +88,14 @@ class WatchEvent:
     name: str  # relative to the watched root; "." is the root itself
 
 
-class WatcherError(Exception):
-    """The watcher failed (queue overflow, watch limit, ...); the message starts with ``watcher error: ``."""
+class WatcherError(AgentError):
+    """The watcher failed (queue overflow, watch limit, ...); the message starts with ``watcher error: ``.
+
+    ``internal``, as envd reports a failed watch.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorKind.INTERNAL, message)
 
 
 # Upstream's order when one record carries several kinds.

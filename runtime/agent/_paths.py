@@ -13,11 +13,15 @@ import os
 import posixpath
 import stat
 
+from ._errors import AgentError, ErrorKind
 from ._users import User
 
 
-class PathError(ValueError):
-    """The path cannot be resolved (maps to HTTP 400 / ``invalid_argument``)."""
+class PathError(AgentError):
+    """The path cannot be resolved (``invalid_argument``, HTTP 400)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorKind.INVALID_ARGUMENT, message)
 
 
 def resolve(raw: str, user: User, default_workdir: str | None) -> str:

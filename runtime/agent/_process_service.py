@@ -1,47 +1,30 @@
-"""``process.Process`` over Connect: the wire side of ``_processes``."""
+"""``process.Process`` over Connect: the wire side of ``_processes``.
+
+Refusals are ``AgentError``s (``ProcessError``, ``PathError``, ``UserError`` and the ones raised
+here); ``_errors.ConnectErrors`` turns them into Connect errors.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
-from connectrpc.code import Code
-from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
 
 from contract.generated.process import process_pb2 as pb
 
-from ._paths import PathError, resolve
-from ._processes import Exit, ManagedProcess, Output, ProcessError, ProcessTable, Spec, build_env
-from ._state import AgentState, UserError
+from ._errors import AgentError, ErrorKind
+from ._paths import resolve
+from ._processes import Exit, ManagedProcess, Output, ProcessTable, Spec, build_env
+from ._state import AgentState
+from ._users import User
 
 DEFAULT_KEEPALIVE_S = 90.0
-_CODES = {
-    "not_found": Code.NOT_FOUND,
-    "invalid_argument": Code.INVALID_ARGUMENT,
-    "internal": Code.INTERNAL,
-    "unknown": Code.UNKNOWN,
-    "unimplemented": Code.UNIMPLEMENTED,
-    "failed_precondition": Code.FAILED_PRECONDITION,
-}
 _SIGNALS = {pb.SIGNAL_SIGTERM: signal.SIGTERM, pb.SIGNAL_SIGKILL: signal.SIGKILL}
-
-
-def connect_error(exc: ProcessError) -> ConnectError:
-    return ConnectError(_CODES.get(exc.kind, Code.INTERNAL), str(exc))
-
-
-@contextlib.contextmanager
-def _connect_errors() -> Iterator[None]:
-    """Process-table refusals become the Connect error their kind names."""
-    try:
-        yield
-    except ProcessError as exc:
-        raise connect_error(exc) from None
+DEADLINE_MESSAGE = "context deadline exceeded"  # connect-go's words for a passed deadline
 
 
 def keepalive_interval(ctx: RequestContext[Any, Any]) -> float:
@@ -80,7 +63,7 @@ async def _events(
         while True:
             wait = interval if deadline is None else min(interval, deadline - loop.time())
             if wait <= 0:
-                raise ConnectError(Code.DEADLINE_EXCEEDED, "context deadline exceeded")
+                raise AgentError(ErrorKind.DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
             try:
                 event = await asyncio.wait_for(queue.get(), wait)
             except TimeoutError:
@@ -101,30 +84,23 @@ class ProcessService:
         self._state = state
         self._table = table
 
-    def _user(self, ctx: RequestContext[Any, Any]) -> Any:
-        try:
-            return self._state.user_from_basic(ctx.request_headers().get("authorization"))
-        except UserError as exc:
-            raise ConnectError(Code.UNAUTHENTICATED, str(exc)) from None
+    def _user(self, ctx: RequestContext[Any, Any]) -> User:
+        return self._state.user_from_basic(ctx.request_headers().get("authorization"))
 
     def _find(self, selector: pb.ProcessSelector) -> ManagedProcess:
         which = selector.WhichOneof("selector")
-        with _connect_errors():
-            if which == "pid":
-                return self._table.find(pid=selector.pid)
-            if which == "tag":
-                return self._table.find(tag=selector.tag)
-            return self._table.find()
+        if which == "pid":
+            return self._table.find(pid=selector.pid)
+        if which == "tag":
+            return self._table.find(tag=selector.tag)
+        return self._table.find()
 
     async def start(self, request: pb.StartRequest, ctx: RequestContext[Any, Any]) -> AsyncIterator[pb.StartResponse]:
         user = self._user(ctx)
         config = request.process
-        try:
-            cwd = resolve(config.cwd if config.HasField("cwd") else "", user, self._state.default_workdir)
-        except PathError as exc:
-            raise ConnectError(Code.INVALID_ARGUMENT, str(exc)) from None
+        cwd = resolve(config.cwd if config.HasField("cwd") else "", user, self._state.default_workdir)
         if not os.path.exists(cwd):
-            raise ConnectError(Code.INVALID_ARGUMENT, f"cwd '{cwd}' does not exist")
+            raise AgentError(ErrorKind.INVALID_ARGUMENT, f"cwd '{cwd}' does not exist")
         size = None
         if request.HasField("pty"):
             size = (request.pty.size.cols, request.pty.size.rows)
@@ -141,8 +117,7 @@ class ProcessService:
         )
         remaining = ctx.timeout_ms()
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining / 1000.0
-        with _connect_errors():
-            managed, queue = await self._table.start(spec, deadline)
+        managed, queue = await self._table.start(spec, deadline)
         async for event in _events(managed, queue, ctx):
             yield pb.StartResponse(event=event)
 
@@ -169,13 +144,12 @@ class ProcessService:
         self._user(ctx)
         managed = self._find(request.process)
         which = request.input.WhichOneof("input")
-        with _connect_errors():
-            if which == "stdin":
-                await managed.write_stdin(request.input.stdin)
-            elif which == "pty":
-                await managed.write_pty(request.input.pty)
-            else:
-                raise ConnectError(Code.UNIMPLEMENTED, "input is empty")
+        if which == "stdin":
+            await managed.write_stdin(request.input.stdin)
+        elif which == "pty":
+            await managed.write_pty(request.input.pty)
+        else:
+            raise AgentError(ErrorKind.UNIMPLEMENTED, "input is empty")
         return pb.SendInputResponse()
 
     async def stream_input(
@@ -189,12 +163,11 @@ class ProcessService:
                 managed = self._find(message.start.process)
             elif which == "data":
                 if managed is None:
-                    raise ConnectError(Code.FAILED_PRECONDITION, "data sent before start")
-                with _connect_errors():
-                    if message.data.input.WhichOneof("input") == "pty":
-                        await managed.write_pty(message.data.input.pty)
-                    else:
-                        await managed.write_stdin(message.data.input.stdin)
+                    raise AgentError(ErrorKind.FAILED_PRECONDITION, "data sent before start")
+                if message.data.input.WhichOneof("input") == "pty":
+                    await managed.write_pty(message.data.input.pty)
+                else:
+                    await managed.write_stdin(message.data.input.stdin)
         return pb.StreamInputResponse()
 
     async def send_signal(self, request: pb.SendSignalRequest, ctx: RequestContext[Any, Any]) -> pb.SendSignalResponse:
@@ -202,22 +175,19 @@ class ProcessService:
         managed = self._find(request.process)
         sig = _SIGNALS.get(request.signal)
         if sig is None:
-            raise ConnectError(Code.UNIMPLEMENTED, f"invalid signal: {request.signal}")
-        with _connect_errors():
-            managed.send_signal(sig)
+            raise AgentError(ErrorKind.UNIMPLEMENTED, f"invalid signal: {request.signal}")
+        managed.send_signal(sig)
         return pb.SendSignalResponse()
 
     async def close_stdin(self, request: pb.CloseStdinRequest, ctx: RequestContext[Any, Any]) -> pb.CloseStdinResponse:
         self._user(ctx)
         managed = self._find(request.process)
-        with _connect_errors():
-            managed.close_stdin()
+        managed.close_stdin()
         return pb.CloseStdinResponse()
 
     async def update(self, request: pb.UpdateRequest, ctx: RequestContext[Any, Any]) -> pb.UpdateResponse:
         self._user(ctx)
         managed = self._find(request.process)
         if request.HasField("pty"):
-            with _connect_errors():
-                managed.resize(request.pty.size.cols, request.pty.size.rows)
+            managed.resize(request.pty.size.cols, request.pty.size.rows)
         return pb.UpdateResponse()

@@ -3,7 +3,7 @@
 Independent of the wire: the Connect service (``_process_service``) translates requests
 into calls here and ``Output``/``Exit`` events back into protobuf messages.
 
-Rules kept from envd (docs: ENVD.md §5):
+Rules kept from envd (docs/PROTOCOL-NOTES.md, envd processes):
 
 - A subscriber is registered *before* the spawn, so the first bytes are never lost (PTYs too).
 - Output read while nobody is subscribed is dropped; there is no replay buffer.
@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._errors import AgentError, ErrorKind
 from ._users import User
 
 STDOUT_CHUNK = 32 * 1024
@@ -39,12 +40,8 @@ _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _SHELL_EXEC = ("/bin/sh", "-c", 'exec "$0" "$@"')
 
 
-class ProcessError(Exception):
-    """A request the process table cannot satisfy; ``kind`` picks the wire code."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        self.kind = kind  # not_found, invalid_argument, internal, unknown, unimplemented
-        super().__init__(message)
+class ProcessError(AgentError):
+    """A request the process table cannot satisfy; ``kind`` is the wire code."""
 
 
 @dataclass(frozen=True)
@@ -139,19 +136,19 @@ class ManagedProcess:
 
     async def write_stdin(self, data: bytes) -> None:
         if self.master_fd is not None:
-            raise ProcessError("internal", "error writing to stdin: process has a pty, send pty input instead")
+            raise ProcessError(ErrorKind.INTERNAL, "error writing to stdin: process has a pty, send pty input instead")
         stream = self.proc.stdin
         if stream is None or stream.is_closing():
-            raise ProcessError("internal", "error writing to stdin: stdin not enabled or closed")
+            raise ProcessError(ErrorKind.INTERNAL, "error writing to stdin: stdin not enabled or closed")
         try:
             stream.write(data)
             await stream.drain()
         except (BrokenPipeError, ConnectionResetError) as exc:
-            raise ProcessError("internal", f"error writing to stdin: {exc}") from exc
+            raise ProcessError(ErrorKind.INTERNAL, f"error writing to stdin: {exc}") from exc
 
     async def write_pty(self, data: bytes) -> None:
         if self.master_fd is None:
-            raise ProcessError("internal", "error writing to pty: tty not assigned to process")
+            raise ProcessError(ErrorKind.INTERNAL, "error writing to pty: tty not assigned to process")
         view = memoryview(data)
         while view:
             try:
@@ -160,27 +157,27 @@ class ManagedProcess:
                 await asyncio.sleep(0.005)
                 continue
             except OSError as exc:
-                raise ProcessError("internal", f"error writing to pty: {exc}") from exc
+                raise ProcessError(ErrorKind.INTERNAL, f"error writing to pty: {exc}") from exc
             view = view[written:]
 
     def close_stdin(self) -> None:
         if self.master_fd is not None:
-            raise ProcessError("unknown", f"error closing stdin: cannot close stdin for PTY process {self.pid}")
+            raise ProcessError(ErrorKind.UNKNOWN, f"error closing stdin: cannot close stdin for PTY process {self.pid}")
         if self.proc.stdin is not None and not self.proc.stdin.is_closing():
             self.proc.stdin.close()
 
     def send_signal(self, sig: signal.Signals) -> None:
         if self.exit is not None or self.proc.returncode is not None:
-            raise ProcessError("internal", "error sending signal: os: process already finished")
+            raise ProcessError(ErrorKind.INTERNAL, "error sending signal: os: process already finished")
         self.stop_waiting_for_output.set()
         try:
             os.kill(self.pid, sig)
         except ProcessLookupError as exc:
-            raise ProcessError("internal", "error sending signal: os: process already finished") from exc
+            raise ProcessError(ErrorKind.INTERNAL, "error sending signal: os: process already finished") from exc
 
     def resize(self, cols: int, rows: int) -> None:
         if self.master_fd is None:
-            raise ProcessError("internal", "error resizing tty: tty not assigned to process")
+            raise ProcessError(ErrorKind.INTERNAL, "error resizing tty: tty not assigned to process")
         _set_winsize(self.master_fd, cols, rows)
 
 
@@ -197,15 +194,15 @@ class ProcessTable:
         if pid is not None:
             found = self._processes.get(pid)
             if found is None:
-                raise ProcessError("not_found", f"process with pid {pid} not found")
+                raise ProcessError(ErrorKind.NOT_FOUND, f"process with pid {pid} not found")
             return found
         if tag is not None:
             # A full search: every tagged process is considered (upstream stops early).
             for candidate in self._processes.values():
                 if candidate.spec.tag == tag:
                     return candidate
-            raise ProcessError("not_found", f"process with tag {tag} not found")
-        raise ProcessError("unimplemented", "process selector is empty")
+            raise ProcessError(ErrorKind.NOT_FOUND, f"process with tag {tag} not found")
+        raise ProcessError(ErrorKind.UNIMPLEMENTED, "process selector is empty")
 
     async def start(self, spec: Spec, deadline: float | None) -> tuple[ManagedProcess, asyncio.Queue[Event]]:
         """Spawn ``spec``; return the process and a queue subscribed before any output was read."""
@@ -234,7 +231,7 @@ class ProcessTable:
             if master_fd is not None:
                 os.close(master_fd)
             command = " ".join((spec.cmd, *spec.args))
-            raise ProcessError("invalid_argument", f"error starting process '{command}': {exc}") from exc
+            raise ProcessError(ErrorKind.INVALID_ARGUMENT, f"error starting process '{command}': {exc}") from exc
         finally:
             if slave_fd is not None:
                 os.close(slave_fd)

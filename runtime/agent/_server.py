@@ -8,12 +8,14 @@ import socket
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from contract.protocol import ENVD_PORT
+
 from ._app import create_app
 from ._services import Service, ServiceSet
 from ._state import AgentState
 
 DEFAULT_HOSTS = ("0.0.0.0",)  # noqa: S104 - inside a sandbox the agent must be reachable from the host
-DEFAULT_PORT = 49983
+DEFAULT_PORT = ENVD_PORT
 KEEPALIVE_S = 640
 
 

@@ -12,14 +12,18 @@ import hmac
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from ._errors import AgentError, ErrorKind
 from ._users import UnknownUserError, User, UserDatabase
 
 # Set by the agent itself; /init cannot set or remove them.
 INTERNAL_ENV = {"E2B_SANDBOX": "true"}
 
 
-class UserError(Exception):
-    """The request names a user that does not exist (``unauthenticated`` / 401)."""
+class UserError(AgentError):
+    """The request names a user that does not exist (``unauthenticated``, HTTP 401)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorKind.UNAUTHENTICATED, message)
 
 
 @dataclass

@@ -4,22 +4,35 @@ connect-python reports a request message that does not decode as ``unknown`` (HT
 envd (connect-go) answers ``invalid_argument`` (HTTP 400, or an end-of-stream error on a
 stream). This layer decodes each request message once, with the method's own input type,
 before the service sees it, and answers the upstream way when it does not decode. The
-body is then handed on unchanged.
+body is then handed on unchanged. The refusal is the one any ``AgentError`` of kind
+``INVALID_ARGUMENT`` gets (``_errors``), written here because connect-python never sees it.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import struct
 import zlib
-from typing import Any
 
 from google.protobuf import json_format, message_factory
 from google.protobuf.descriptor import FileDescriptor
 from google.protobuf.message import DecodeError, Message
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.types import Message as AsgiMessage
+
+from contract.protocol import (
+    CONNECT_CONTENT_ENCODING_HEADER,
+    CONNECT_JSON,
+    CONNECT_STREAM_JSON,
+    CONNECT_STREAM_PREFIX,
+    ENVELOPE_HEADER_SIZE,
+    FLAG_END_STREAM,
+    Envelope,
+    encode_envelope,
+    split_envelope,
+)
+
+from ._errors import AgentError, ErrorKind, connect_error, connect_error_body
 
 _MAX_BODY = 4 * 1024 * 1024
 
@@ -57,13 +70,13 @@ class RequestValidation:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         content_type = headers.get("content-type", "").split(";")[0].strip().lower()
-        streaming = content_type.startswith("application/connect+")
+        streaming = content_type.startswith(CONNECT_STREAM_PREFIX)
         if content_type.endswith(("json", "proto")):
             body, more, consumed = await _read(receive)
             if not more:
                 problem = _check(kind, body, content_type.endswith("json"), streaming, headers)
                 if problem is not None:
-                    await _refuse(send, problem, streaming)
+                    await _refuse(send, AgentError(ErrorKind.INVALID_ARGUMENT, problem), streaming)
                     return
             receive = _replay(consumed, receive)
         await self._app(scope, receive, send)
@@ -98,7 +111,8 @@ def _replay(consumed: list[AsgiMessage], receive: Receive) -> Receive:
 
 
 def _check(kind: type[Message], body: bytes, is_json: bool, streaming: bool, headers: dict[str, str]) -> str | None:
-    encoding = headers.get("connect-content-encoding" if streaming else "content-encoding", "identity").lower()
+    name = CONNECT_CONTENT_ENCODING_HEADER if streaming else "Content-Encoding"
+    encoding = headers.get(name.lower(), "identity").lower()
     if not streaming:
         if encoding == "gzip":
             try:
@@ -106,34 +120,38 @@ def _check(kind: type[Message], body: bytes, is_json: bool, streaming: bool, hea
             except (OSError, EOFError, zlib.error):
                 return None  # the app reports bad compression itself
         return _decode(kind, body, is_json)
-    while body:  # enveloped messages: flags (1 byte), length (4 bytes), message
-        if len(body) < 5:
-            return None
-        flags, size = body[0], struct.unpack(">I", body[1:5])[0]
-        payload, body = body[5 : 5 + size], body[5 + size :]
-        if flags & 0x01 and encoding == "gzip":
+    while body:
+        envelope, rest = split_envelope(body)
+        if envelope is None:
+            if len(body) < ENVELOPE_HEADER_SIZE:
+                return None
+            # A last message shorter than its envelope says is still checked, as far as it goes.
+            envelope, rest = Envelope(body[0], body[ENVELOPE_HEADER_SIZE:]), b""
+        body = rest
+        payload = envelope.payload
+        if envelope.compressed and encoding == "gzip":
             try:
                 payload = gzip.decompress(payload)
             except (OSError, EOFError, zlib.error):
                 return None
-        if not flags & 0x02 and (problem := _decode(kind, payload, is_json)) is not None:
+        if not envelope.end_stream and (problem := _decode(kind, payload, is_json)) is not None:
             return problem
     return None
 
 
-async def _refuse(send: Send, message: str, streaming: bool) -> None:
-    error: dict[str, Any] = {"code": "invalid_argument", "message": message}
+async def _refuse(send: Send, error: AgentError, streaming: bool) -> None:
+    """Connect's answer to ``error``: a unary error body, or a stream that is only its error end."""
+    wire = connect_error_body(connect_error(error))
     if streaming:
-        end = json.dumps({"error": error}).encode()
-        body = b"\x02" + struct.pack(">I", len(end)) + end
-        status, content_type = 200, b"application/connect+json"
+        body = encode_envelope(json.dumps({"error": wire}).encode(), flags=FLAG_END_STREAM)
+        status, content_type = 200, CONNECT_STREAM_JSON
     else:
-        body, status, content_type = json.dumps(error).encode(), 400, b"application/json"
+        body, status, content_type = json.dumps(wire).encode(), error.kind.status, CONNECT_JSON
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())],
+            "headers": [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())],
         }
     )
     await send({"type": "http.response.body", "body": body})

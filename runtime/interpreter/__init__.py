@@ -1,4 +1,4 @@
-"""The Code Interpreter server of code-interpreter sandboxes (port 49999, PROTOCOL.md §10).
+"""The Code Interpreter server of code-interpreter sandboxes (port 49999, docs/PROTOCOL-NOTES.md, Code Interpreter).
 
 A Starlette app on Jupyter kernels driven directly with jupyter_client (no Jupyter server):
 contexts (a kernel each), ``/execute`` NDJSON streams with rich results, errors, keepalives,

@@ -1,4 +1,4 @@
-"""The HTTP surface (PROTOCOL.md §10): ``/health``, ``/contexts`` and the ``/execute`` stream.
+"""The HTTP surface (docs/PROTOCOL-NOTES.md, Code Interpreter): ``/health``, ``/contexts`` and the ``/execute`` stream.
 
 Requests are parsed and checked here, then handed to ``Contexts`` / ``Run``; answers follow
 upstream's shapes: JSON on success, plain-text bodies for 400/404/500. CORS is open to every
@@ -29,6 +29,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
+
+from contract.protocol import ACCESS_TOKEN_HEADER
 
 from . import _languages, _messages
 from ._contexts import Context, ContextClosedError, Contexts, Settings
@@ -221,7 +223,7 @@ class Handlers:
         except ContextClosedError:
             return _text(404, f"Context {context_id or language or 'python'} not found")
         logger.debug("context %s: executing %d characters", context.id, len(code))
-        run = Run(context, code, env_vars=env_vars, access_token=request.headers.get("x-access-token"))
+        run = Run(context, code, env_vars=env_vars, access_token=request.headers.get(ACCESS_TOKEN_HEADER))
         return RunResponse(run, self.settings.keepalive_interval)
 
 

@@ -28,6 +28,8 @@ from typing import Any, Final
 
 import httpx
 
+from contract.protocol import ACCESS_TOKEN_HEADER, ENVD_PORT
+
 from . import _languages
 from ._kernels import Kernel, KernelSpecs, KernelStartError
 from ._messages import Tracker
@@ -42,7 +44,7 @@ class Settings:
     """What the server is started with (``python -m runtime.interpreter --help``)."""
 
     kernel_python: str = "/opt/e2b-compat/kernel/bin/python"
-    envd_url: str = "http://127.0.0.1:49983"
+    envd_url: str = f"http://127.0.0.1:{ENVD_PORT}"
     cwd: str = "/home/user"
     keepalive_interval: float = 5.0  # seconds of silence before a keepalive line (upstream: 5)
     startup_timeout: float = 60.0  # seconds a new kernel gets to answer
@@ -69,7 +71,7 @@ class EnvdClient:
 
         The token is sent, never logged.
         """
-        headers = {"X-Access-Token": access_token} if access_token else {}
+        headers = {ACCESS_TOKEN_HEADER: access_token} if access_token else {}
         try:
             # trust_env off: a proxy from the sandbox's environment must not see this request.
             async with httpx.AsyncClient(timeout=ENVD_TIMEOUT_S, trust_env=False) as client:

@@ -1,4 +1,4 @@
-"""Jupyter messages → the NDJSON lines of ``POST /execute`` (PROTOCOL.md §10).
+"""Jupyter messages → the NDJSON lines of ``POST /execute`` (docs/PROTOCOL-NOTES.md, Code Interpreter).
 
 Sans-IO: ``Tracker`` is fed one execution's kernel messages (iopub and the shell reply) and
 returns the lines to write; it also says when the execution is over. Timing (keepalives, a

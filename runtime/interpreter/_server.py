@@ -13,11 +13,13 @@ from typing import Final
 
 import uvicorn
 
+from contract.protocol import INTERPRETER_PORT
+
 from ._app import create_app
 from ._contexts import Settings
 
 DEFAULT_HOST: Final = "0.0.0.0"  # noqa: S104 - inside a sandbox the server must be reachable from the host
-DEFAULT_PORT: Final = 49999
+DEFAULT_PORT: Final = INTERPRETER_PORT
 KEEPALIVE_S: Final = 640  # idle HTTP keep-alive, as upstream's uvicorn
 GRACEFUL_SHUTDOWN_S: Final = 5  # then open streams are cancelled and kernels stopped
 

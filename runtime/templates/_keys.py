@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract.protocol import ENVD_PORT, INTERPRETER_PORT
+
 from ._commands import TemplateError
 
 __all__ = [
@@ -67,7 +69,7 @@ HOSTS = b"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 
 VENV = "/opt/e2b-compat/venv"
 DISTRIBUTION = "e2b-compat"
-AGENT_PORT = 49983
+AGENT_PORT = ENVD_PORT
 # In a sandbox the agent listens on every address of the sandbox's own network namespace.
 AGENT_COMMAND = (f"{VENV}/bin/python", "-m", "runtime.agent", "--host", "0.0.0.0", "--port", str(AGENT_PORT))  # noqa: S104
 
@@ -76,7 +78,6 @@ AGENT_COMMAND = (f"{VENV}/bin/python", "-m", "runtime.agent", "--host", "0.0.0.0
 # which the agent starts as the sandbox user before it serves (``runtime.agent._services``).
 INTERPRETER_TEMPLATE = "code-interpreter-v1"
 KERNEL_VENV = "/opt/e2b-compat/kernel"
-INTERPRETER_PORT = 49999
 INTERPRETER_COMMAND = (
     f"{VENV}/bin/python",
     "-m",

@@ -36,7 +36,7 @@ from reference_server._sandboxes import SandboxService, ServiceSettings
 from reference_server._snapshots import SnapshotStore
 from reference_server._store import Store
 from reference_server._tls import ensure_certificates
-from runtime._fake import FakeBackend
+from runtime.fake import FakeBackend
 from tests.reference_server.conftest import ALICE, Clock, DictKeys, RecordingInitializer
 
 BASE_URL = "https://api.e2b.test"

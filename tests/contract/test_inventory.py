@@ -7,7 +7,7 @@ from collections import Counter
 
 from contract import CONTRACT_DIR, load_inventory
 
-# What PROTOCOL.md §8.1 lists as called by the pinned SDKs (method, path).
+# The control-plane operations the pinned SDKs call, read off the clients (method, path).
 SDK_CONTROL_OPERATIONS = {
     ("POST", "/sandboxes"),
     ("POST", "/sandboxes/{sandboxID}/connect"),
@@ -116,7 +116,7 @@ def test_known_entry_points() -> None:
     )
     assert by_id["interpreter.execute"].streaming == "ndjson-stream"
     assert "Sandbox.runCode" in by_id["interpreter.execute"].js_entry_points
-    # Python sync watches by polling, async and JS by streaming (PROTOCOL.md §8.3).
+    # Python sync watches by polling, async and JS by streaming (docs/PROTOCOL-NOTES.md, envd filesystem).
     watch = by_id["envd.filesystem.WatchDir"]
     assert all("sandbox_async" in name for name in watch.python_entry_points)
     assert "Filesystem.watchDir" in watch.js_entry_points

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from contract import ArtifactStore
 from e2b_compat._cli import main
+from runtime.backends import BACKENDS, BackendEntry
+from runtime.fake import FakeBackend
 
 
 def test_help_lists_only_working_groups(capsys: pytest.CaptureFixture[str]) -> None:
@@ -48,3 +52,93 @@ def test_contract_errors_exit_2_with_a_message(
     monkeypatch.setattr("e2b_compat._cli.load_lock", broken)
     assert main(["contract", "fetch"]) == 2
     assert "e2b-compat: the lock is broken" in capsys.readouterr().err
+
+
+# --- host prepare -----------------------------------------------------------------------------
+
+
+def _recording_entry(name: str, calls: list[str], error: Exception | None = None) -> BackendEntry:
+
+    def prepare_host(say: Callable[[str], None]) -> None:
+        calls.append(name)
+        say("checked everything")
+        if error is not None:
+            raise error
+
+    return BackendEntry(name, lambda options: FakeBackend(), prepare_host, "a test backend")
+
+
+@pytest.fixture(autouse=True)
+def names(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The domains host prepare asked to resolve (the real check edits /etc/nsswitch.conf)."""
+    import reference_server
+
+    asked: list[str] = []
+    monkeypatch.setattr(reference_server, "ensure_name_resolution", lambda domain, say: asked.append(domain))
+    return asked
+
+
+def test_host_prepare_makes_the_servers_names_resolve(
+    capsys: pytest.CaptureFixture[str], names: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("E2B_COMPAT_SERVER_DOMAIN", "sbx.localhost")
+    assert main(["host", "prepare", "--backend", "fake"]) == 0
+    assert names == ["sbx.localhost"]
+    assert "names under sbx.localhost" in capsys.readouterr().out
+
+
+def test_host_prepare_reports_names_that_cannot_resolve(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import reference_server
+    from reference_server import NameResolutionError
+
+    def unresolvable(domain: str, say: Callable[[str], None]) -> None:
+        raise NameResolutionError(f"{domain} does not resolve")
+
+    monkeypatch.setattr(reference_server, "ensure_name_resolution", unresolvable)
+    assert main(["host", "prepare", "--backend", "fake"]) == 1
+    assert "host not ready: e2b.localhost does not resolve" in capsys.readouterr().err
+
+
+def test_host_prepare_defaults_to_crun(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setitem(BACKENDS, "crun", _recording_entry("crun", calls))
+    assert main(["host", "prepare"]) == 0
+    assert calls == ["crun"]
+    out = capsys.readouterr().out
+    assert "host set-up: checked everything" in out
+    assert "host ready for crun sandboxes" in out
+
+
+def test_host_prepare_runs_the_named_backends_set_up(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    monkeypatch.setitem(BACKENDS, "other", _recording_entry("other", calls))
+    assert main(["host", "prepare", "--backend", "other"]) == 0
+    assert calls == ["other"]
+    assert "host ready for other sandboxes" in capsys.readouterr().out
+
+
+def test_host_prepare_for_the_fake_needs_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["host", "prepare", "--backend", "fake"]) == 0
+    assert "host ready for fake sandboxes" in capsys.readouterr().out
+
+
+def test_host_prepare_of_an_unknown_backend_names_the_known_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["host", "prepare", "--backend", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown backend 'nope'" in err
+    assert ", ".join(BACKENDS) in err
+
+
+def test_host_prepare_reports_a_host_that_is_not_ready(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime.host import HostNotReadyError
+
+    calls: list[str] = []
+    monkeypatch.setitem(BACKENDS, "crun", _recording_entry("crun", calls, HostNotReadyError("crun is not installed")))
+    assert main(["host", "prepare"]) == 1
+    assert "e2b-compat: host not ready: crun is not installed" in capsys.readouterr().err

@@ -22,7 +22,7 @@ from reference_server._metrics import MetricsBook
 from reference_server._sandboxes import SandboxService, ServiceSettings
 from reference_server._snapshots import SnapshotStore
 from reference_server._store import Store
-from runtime._fake import FakeBackend
+from runtime.fake import FakeBackend
 
 KEYS = {"e2b_" + "a" * 40: "alice", "e2b_" + "b" * 40: "bob"}
 ALICE, BOB = list(KEYS)
@@ -50,7 +50,7 @@ class RecordingInitializer:
     fail: bool = False
 
     async def __call__(self, host: str, port: int, body: Mapping[str, Any]) -> None:
-        from runtime._backend import BackendError
+        from runtime.backend import BackendError
 
         if self.fail:
             raise BackendError("agent did not answer")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import runtime.backends as runtime_backends
 from reference_server._config import (
     BACKENDS,
     CONFIG_VARIABLE,
@@ -65,7 +66,9 @@ def test_defaults_are_the_documented_ones(env: dict[str, str], data_dir: Path) -
         "egress_enabled": False,
         "log_level": "info",
     }
-    assert BACKENDS == ("crun",)
+    assert runtime_backends.serving_backends() == BACKENDS
+    assert "crun" in BACKENDS
+    assert "fake" not in BACKENDS  # nothing runs in it: no agent would answer /init
 
 
 def test_default_data_dir() -> None:
@@ -217,6 +220,23 @@ def test_file_errors_name_the_file_and_the_key(
     message = str(info.value)
     assert message.startswith(f"{file}: {key}: "), message
     assert problem in message
+
+
+def test_an_unknown_backend_is_refused_naming_the_known_ones(tmp_path: Path, env: dict[str, str]) -> None:
+    file = write(tmp_path / "c.toml", 'backend = "nope"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(file, {"HOME": env["HOME"]})
+    assert str(info.value) == f"{file}: backend: must be one of {', '.join(BACKENDS)}, got 'nope'"
+
+
+def test_the_in_memory_backend_is_not_a_server_backend(env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match="backend: must be one of crun"):
+        load_config(None, {**env, "E2B_COMPAT_SERVER_BACKEND": "fake"})
+
+
+@pytest.mark.parametrize("name", runtime_backends.serving_backends())
+def test_every_serving_backend_of_the_runtime_table_is_accepted(env: dict[str, str], name: str) -> None:
+    assert load_config(None, {**env, "E2B_COMPAT_SERVER_BACKEND": name}).backend == name
 
 
 def test_single_label_domain_is_refused_with_the_reason(tmp_path: Path, env: dict[str, str]) -> None:

@@ -1,7 +1,7 @@
 """The control plane's operations, status codes and bodies, over the in-memory backend.
 
 Every success body is validated against the derived contract's schema; every refusal must be
-``{"code": <status>, "message": ...}`` with the status the clients expect (PROTOCOL.md §8.1, §9).
+``{"code": <status>, "message": ...}`` with the status the clients expect (docs/PROTOCOL-NOTES.md, Control plane).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime._backend import State
+from runtime.backend import State
 
 from .conftest import ALICE, BOB, Plane, conforms
 

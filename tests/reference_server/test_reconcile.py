@@ -6,13 +6,38 @@ from datetime import timedelta
 
 import pytest
 
-from reference_server._reconcile import reconcile
-from reference_server._store import SandboxRecord
-from runtime._backend import SandboxSpec, State
+from reference_server import _reconcile
+from reference_server._reconcile import DECISIONS, Decision, Seen, reconcile
+from reference_server._records import SandboxDetails, SandboxRecord, SandboxState
+from runtime.backend import SandboxSpec, State
 
 from .conftest import Plane
 
 pytestmark = pytest.mark.anyio
+
+
+def test_every_state_and_runtime_view_has_a_decision() -> None:
+    assert set(DECISIONS) == {(state, view) for state in SandboxState for view in Seen}
+
+
+def test_the_docstring_table_is_the_decision_table() -> None:
+    """The table a reader sees in the module docstring says what ``DECISIONS`` does."""
+    doc = _reconcile.__doc__ or ""
+    words = {"keep": Decision.KEEP, "release": Decision.RELEASE, "back to running": Decision.BACK_TO_RUNNING}
+    words |= {"finish: paused": Decision.FINISH_PAUSE, "finish: init, run": Decision.FINISH_RESUME}
+    words |= {"back to paused": Decision.BACK_TO_PAUSED}
+    rows = {}
+    for line in doc.splitlines():
+        cells = [cell.strip() for cell in line.strip().split("  ") if cell.strip()]
+        if cells and cells[0] in {str(state) for state in SandboxState}:
+            rows[SandboxState(cells[0])] = cells[1:]
+    assert rows, "the docstring has no decision table"
+    for state, cells in rows.items():
+        if len(cells) == 3:
+            for view, cell in zip((Seen.RUNNING, Seen.IDLE, Seen.ABSENT), cells, strict=True):
+                assert DECISIONS[(state, view)] is words[cell], (state, view)
+        else:  # one decision for every runtime view, with a reason in brackets
+            assert all(DECISIONS[(state, view)] is words[cells[0].split(" (")[0]] for view in Seen), state
 
 
 async def _made(plane: Plane) -> SandboxRecord:
@@ -24,7 +49,9 @@ async def _made(plane: Plane) -> SandboxRecord:
 
 async def _as(plane: Plane, record: SandboxRecord, *states: str) -> SandboxRecord:
     for state in states:
-        record = await plane.store.compare_and_swap(record.sandbox_id, record.generation, {"state": state})
+        record = await plane.store.compare_and_swap(
+            record.sandbox_id, record.generation, {"state": SandboxState(state)}
+        )
     return record
 
 
@@ -83,10 +110,10 @@ async def test_a_create_the_client_never_saw_answered_is_released(plane: Plane) 
         sandbox_id="halfmade",
         owner="alice",
         template_id="base",
-        state="creating",
+        state=SandboxState.CREATING,
         created_at=now,
         expires_at=now + timedelta(seconds=60),
-        data={"envd_version": "0.6.4"},
+        details=SandboxDetails(envd_version="0.6.4"),
     )
     await plane.store.insert(record)
     await plane.backend.create(SandboxSpec("halfmade", "base"))

@@ -10,7 +10,7 @@ import pytest
 
 from reference_server._config import ServerConfig
 from reference_server._server import open_server
-from runtime._fake import FakeBackend
+from runtime.fake import FakeBackend
 
 from .conftest import RecordingInitializer
 

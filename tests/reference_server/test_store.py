@@ -34,21 +34,21 @@ from reference_server._migrations import (
     check_sequence,
     split_statements,
 )
+from reference_server._records import STATES, TRANSITIONS, SandboxDetails, SandboxRecord, SandboxState
 from reference_server._store import (
-    STATES,
-    TRANSITIONS,
     AlreadyExists,
     Changes,
     GenerationConflict,
     InvalidCursor,
     InvalidTransition,
     NotFound,
-    SandboxRecord,
     Store,
     check_transition,
     decode_cursor,
     encode_cursor,
 )
+
+from .test_records import details_values
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -89,18 +89,11 @@ def history(path: Path) -> list[tuple[int, str, str, str]]:
 
 # --- the record -----------------------------------------------------------------------------
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),
-    max_leaves=8,
-)
-
-
 record_fields = st.fixed_dictionaries(
     {
         "metadata": st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=4),
         "env_vars": st.dictionaries(st.text(min_size=1, max_size=8), st.text(max_size=8), max_size=4),
-        "data": st.dictionaries(st.text(max_size=8), json_values, max_size=4),
+        "details": details_values,
         "created_at": st.datetimes(
             min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)
         ),
@@ -448,7 +441,7 @@ def test_the_table_allows_the_lifecycle() -> None:
     check_transition("failed", "killing")
     for state in STATES:
         check_transition(state, state)  # not a transition
-    assert TRANSITIONS["killed"] == frozenset()
+    assert TRANSITIONS[SandboxState.KILLED] == frozenset()
 
 
 @pytest.mark.parametrize(("current", "new"), REFUSED)
@@ -463,7 +456,8 @@ def test_the_table_refuses(current: str, new: str) -> None:
 def test_insert_and_get(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with await Store.open(tmp_path / "store.db") as store:
-            stored = await store.insert(make(generation=7, metadata={"k": "v"}, data={"ports": [49983]}))
+            details = SandboxDetails(envd_version="0.6.4", address="10.11.0.2")
+            stored = await store.insert(make(generation=7, metadata={"k": "v"}, details=details))
             assert stored.generation == 1
             assert await store.get("sb-1") == stored
             assert await store.get("nope") is None
@@ -479,7 +473,7 @@ def test_compare_and_swap_walks_the_lifecycle(tmp_path: Path) -> None:
         async with await Store.open(tmp_path / "store.db") as store:
             record = await store.insert(make())
             for state in HAPPY_PATH[1:]:
-                record = await store.compare_and_swap("sb-1", record.generation, {"state": state})
+                record = await store.compare_and_swap("sb-1", record.generation, {"state": SandboxState(state)})
                 assert record.state == state
                 assert await store.get("sb-1") == record
             assert record.generation == len(HAPPY_PATH)
@@ -491,17 +485,17 @@ def test_compare_and_swap_refusals_change_nothing(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with await Store.open(tmp_path / "store.db") as store:
             await store.insert(make())
-            running = await store.compare_and_swap("sb-1", 1, {"state": "running", "metadata": {"a": "b"}})
+            running = await store.compare_and_swap("sb-1", 1, {"state": SandboxState.RUNNING, "metadata": {"a": "b"}})
             assert (running.generation, running.metadata) == (2, {"a": "b"})
             with pytest.raises(GenerationConflict) as conflict:
-                await store.compare_and_swap("sb-1", 1, {"state": "killing"})
+                await store.compare_and_swap("sb-1", 1, {"state": SandboxState.KILLING})
             assert (conflict.value.expected, conflict.value.current) == (1, 2)
             with pytest.raises(InvalidTransition, match="running cannot become paused"):
-                await store.compare_and_swap("sb-1", 2, {"state": "paused"})
+                await store.compare_and_swap("sb-1", 2, {"state": SandboxState.PAUSED})
             with pytest.raises(ValueError, match="owner"):
                 await store.compare_and_swap("sb-1", 2, cast(Changes, {"owner": "team-b"}))
             with pytest.raises(NotFound):
-                await store.compare_and_swap("nope", 1, {"state": "running"})
+                await store.compare_and_swap("nope", 1, {"state": SandboxState.RUNNING})
             assert await store.get("sb-1") == running
 
     run(scenario)
@@ -511,7 +505,7 @@ def test_delete_is_fenced_by_generation(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with await Store.open(tmp_path / "store.db") as store:
             await store.insert(make())
-            await store.compare_and_swap("sb-1", 1, {"state": "killing"})
+            await store.compare_and_swap("sb-1", 1, {"state": SandboxState.KILLING})
             with pytest.raises(GenerationConflict):
                 await store.delete("sb-1", 1)
             await store.delete("sb-1", 2)
@@ -581,8 +575,8 @@ def test_two_concurrent_swaps_from_one_generation_have_one_winner(tmp_path: Path
                 sandbox_id = f"sb-{round_}"
                 await a.insert(make(sandbox_id, state="running"))
                 results = await asyncio.gather(
-                    a.compare_and_swap(sandbox_id, 1, {"state": "pausing"}),
-                    b.compare_and_swap(sandbox_id, 1, {"state": "killing"}),
+                    a.compare_and_swap(sandbox_id, 1, {"state": SandboxState.PAUSING}),
+                    b.compare_and_swap(sandbox_id, 1, {"state": SandboxState.KILLING}),
                     return_exceptions=True,
                 )
                 won, lost = _outcomes(results)
@@ -619,7 +613,7 @@ def test_the_generation_fence_holds_when_both_writers_read_first(
                 monkeypatch.setattr(store, "_at_generation", read_then_wait)
             await a.insert(make(state="running"))
             results = await asyncio.gather(
-                a.compare_and_swap("sb-1", 1, {"state": "killing"}),
+                a.compare_and_swap("sb-1", 1, {"state": SandboxState.KILLING}),
                 b.extend_expiry("sb-1", 1, T0 + timedelta(hours=1)),
                 return_exceptions=True,
             )
@@ -643,7 +637,7 @@ def test_the_reaper_cannot_kill_a_sandbox_extended_after_it_looked(tmp_path: Pat
             [due] = await reaper.expired(now)
             extended = await server.extend_expiry("sb-1", due.generation, now + LIFETIME)  # a refresh arrives
             with pytest.raises(GenerationConflict):
-                await reaper.compare_and_swap("sb-1", due.generation, {"state": "killing"})
+                await reaper.compare_and_swap("sb-1", due.generation, {"state": SandboxState.KILLING})
             assert await reaper.get("sb-1") == extended
             assert extended.state == "running"
             assert await reaper.expired(now) == []
@@ -659,7 +653,7 @@ def test_a_refresh_after_the_reaper_won_fails(tmp_path: Path) -> None:
         async with await Store.open(path) as server, await Store.open(path) as reaper:
             seen = await server.insert(make(state="running"))
             [due] = await reaper.expired(now)
-            killing = await reaper.compare_and_swap("sb-1", due.generation, {"state": "killing"})
+            killing = await reaper.compare_and_swap("sb-1", due.generation, {"state": SandboxState.KILLING})
             with pytest.raises(GenerationConflict):
                 await server.extend_expiry("sb-1", seen.generation, now + LIFETIME)
             assert await server.get("sb-1") == killing
@@ -679,7 +673,7 @@ def test_the_reaper_and_a_refresh_racing_have_one_winner(tmp_path: Path) -> None
                 due = next(record for record in await reaper.expired(now) if record.sandbox_id == sandbox_id)
                 results = await asyncio.gather(
                     server.extend_expiry(sandbox_id, due.generation, now + LIFETIME),
-                    reaper.compare_and_swap(sandbox_id, due.generation, {"state": "killing"}),
+                    reaper.compare_and_swap(sandbox_id, due.generation, {"state": SandboxState.KILLING}),
                     return_exceptions=True,
                 )
                 won, lost = _outcomes(results)
@@ -831,7 +825,8 @@ def test_a_cursor_is_the_last_key() -> None:
 CRASHING_WRITER = """
 import asyncio, os, signal, sqlite3, sys
 from datetime import UTC, datetime, timedelta
-from reference_server._store import SandboxRecord, Store
+from reference_server._records import SandboxRecord
+from reference_server._store import Store
 
 def make(sandbox_id):
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -891,7 +886,7 @@ def test_a_copy_of_the_files_taken_mid_wal_has_every_commit(tmp_path: Path) -> N
         async with await Store.open(path) as store:
             for i in range(10):
                 record = await store.insert(make(f"sb-{i}"))
-                await store.compare_and_swap(record.sandbox_id, 1, {"state": "running"})
+                await store.compare_and_swap(record.sandbox_id, 1, {"state": SandboxState.RUNNING})
             assert Path(f"{path}-wal").stat().st_size > 0
             shutil.copyfile(path, copy)  # as a power cut would leave them: database and WAL, no clean close
             shutil.copyfile(f"{path}-wal", f"{copy}-wal")

@@ -1,17 +1,28 @@
 """One Hypothesis state machine that every sandbox backend must pass.
 
 It drives create/start/pause/resume/kill/snapshot in random orders and checks each result
-against the lifecycle table (``runtime._backend.TRANSITIONS``): allowed actions land in the
+against the lifecycle table (``runtime.backend.TRANSITIONS``): allowed actions land in the
 table's next state, refused ones raise ``TransitionError`` and change nothing, ``list`` and
 ``inspect`` agree with the model, kill is idempotent, snapshots need a live sandbox and work
-as templates. Parametrized over backends like uvicorn's tests over server implementations.
+as templates.
+
+It runs for every entry of ``runtime.backends.BACKENDS``, opened through the table
+(``open_backend``) as the server opens it: a backend added to the table is held to it from
+then on. How a backend is tried (its state folder, template, number of runs, what it needs)
+is a ``Trial``; a backend without one of its own gets the in-memory default.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
-from collections.abc import Callable, Coroutine
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -19,7 +30,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
-from runtime._backend import (
+from runtime.backend import (
     Action,
     Backend,
     Limits,
@@ -30,7 +41,9 @@ from runtime._backend import (
     TransitionError,
     next_state,
 )
-from runtime._fake import FakeBackend
+from runtime.backends import BACKENDS, BackendEntry, BackendOptions, backend_entry, open_backend
+from runtime.fake import FakeBackend
+from runtime.templates import ensure_template
 
 T = TypeVar("T")
 
@@ -173,6 +186,77 @@ def backend_machine(make_backend: Callable[[], Backend], template: str, max_step
     return BackendMachine
 
 
-def test_fake_backend_conformance() -> None:
-    machine = backend_machine(FakeBackend, "base", max_steps=60)
-    machine.TestCase().runTest()
+@dataclass(frozen=True)
+class Trial:
+    options: BackendOptions
+    template: str
+    max_steps: int
+
+
+@contextlib.contextmanager
+def in_memory_trial(tmp_path: Path) -> Iterator[Trial]:
+    yield Trial(BackendOptions(state_dir=tmp_path), "base", max_steps=60)
+
+
+@contextlib.contextmanager
+def crun_trial(tmp_path: Path) -> Iterator[Trial]:
+    ensure_template("base")  # built (or found) once, before anything is timed or generated
+    # Not under pytest's private temp root: sandbox root is an unprivileged uid and must reach its bundle.
+    folder = Path(tempfile.mkdtemp(prefix="e2b-compat-crun-", dir="/var/tmp"))
+    folder.chmod(0o755)
+    try:
+        yield Trial(BackendOptions(state_dir=folder), "base", max_steps=4)
+    finally:
+        leftovers = [line for line in Path("/proc/mounts").read_text().splitlines() if str(folder) in line]
+        assert not leftovers, f"mounts left behind: {leftovers}"
+        shutil.rmtree(folder)
+
+
+TRIALS: dict[str, Callable[[Path], contextlib.AbstractContextManager[Trial]]] = {"crun": crun_trial}
+MARKS: dict[str, list[pytest.MarkDecorator]] = {
+    "crun": [
+        pytest.mark.artifacts,
+        pytest.mark.skipif(os.geteuid() != 0, reason="crun sandboxes need root (namespaces, mounts, cgroups)"),
+    ],
+}
+
+
+def check_backend(name: str, tmp_path: Path) -> None:
+    """The shared state machine on the table's backend ``name``, opened as the server opens it."""
+    entry = backend_entry(name)
+    entry.prepare_host(lambda message: print(f"host set-up ({name}): {message}"))
+    with TRIALS.get(name, in_memory_trial)(tmp_path) as trial:
+        machine = backend_machine(lambda: open_backend(name, trial.options), trial.template, trial.max_steps)
+        machine.TestCase().runTest()
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=MARKS.get(name, [])) for name in BACKENDS])
+def test_backend_conformance(name: str, tmp_path: Path) -> None:
+    check_backend(name, tmp_path)
+
+
+def test_a_backend_added_to_the_table_is_held_to_the_same_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened: list[FakeBackend] = []
+
+    def open_copy(options: BackendOptions) -> FakeBackend:
+        opened.append(FakeBackend())
+        return opened[-1]
+
+    monkeypatch.setitem(BACKENDS, "fake-copy", BackendEntry("fake-copy", open_copy, lambda say: None, "a copy"))
+    check_backend("fake-copy", tmp_path)
+    assert opened, "the machine ran on backends the table opened"
+
+
+def test_a_broken_backend_in_the_table_fails_the_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine has teeth: a backend that lets a killed sandbox linger is caught."""
+
+    class Lingering(FakeBackend):
+        async def kill(self, sandbox_id: str) -> bool:
+            return sandbox_id in self._sandboxes  # reports success, releases nothing
+
+    entry = BackendEntry("lingering", lambda options: Lingering(), lambda say: None, "broken on purpose")
+    monkeypatch.setitem(BACKENDS, "lingering", entry)
+    with pytest.raises(AssertionError):
+        check_backend("lingering", tmp_path)

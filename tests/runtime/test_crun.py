@@ -1,7 +1,8 @@
-"""Real sandboxes on crun: conformance, isolation, limits, pause, snapshots, crash recovery, leaks.
+"""Real sandboxes on crun: isolation, limits, pause, snapshots, crash recovery, leaks.
 
 Needs root, crun and the ``base`` template (built once, then cached); CI runs these as root.
 Each test kills what it created; the leak test checks that killing really releases all of it.
+The lifecycle conformance of crun is the shared state machine's (test_backend_conformance.py).
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ import pytest
 
 from contract.generated.process import process_connect
 from contract.generated.process import process_pb2 as ppb
-from runtime import _host, _network
-from runtime._backend import Limits, SandboxSpec, State, TransitionError
-from runtime._crun import CGROUP_PARENT, CrunBackend
+from contract.protocol import ENVD_PORT
+from runtime import _network
+from runtime.backend import Limits, SandboxSpec, State, TransitionError
+from runtime.crun import CGROUP_PARENT, CrunBackend
+from runtime.host import prepare as prepare_host
 from runtime.templates import ensure_template
-
-from .test_backend_conformance import backend_machine
 
 pytestmark = [
     pytest.mark.artifacts,
@@ -47,7 +48,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 @pytest.fixture(scope="module")
 def state_dir() -> Iterator[Path]:
-    _host.prepare(say=lambda msg: print(f"host set-up: {msg}"))
+    prepare_host(say=lambda msg: print(f"host set-up: {msg}"))
     ensure_template("base")  # built (or found) once, before anything is timed or generated
     # Not under pytest's private temp root: sandbox root is an unprivileged uid and must reach its bundle.
     folder = Path(tempfile.mkdtemp(prefix="e2b-compat-crun-", dir="/var/tmp"))
@@ -68,7 +69,7 @@ def backend(state_dir: Path) -> Iterator[CrunBackend]:
 
 def shell(host: str, command: str, timeout_ms: int = 20_000) -> tuple[int, bytes, bytes]:
     """Run a command in the sandbox through its agent; (exit code, stdout, stderr)."""
-    client = process_connect.ProcessClientSync(f"http://{host}:49983", timeout_ms=timeout_ms)
+    client = process_connect.ProcessClientSync(f"http://{host}:{ENVD_PORT}", timeout_ms=timeout_ms)
     out, err, code = b"", b"", None
     for response in client.start(ppb.StartRequest(process=ppb.ProcessConfig(cmd="/bin/bash", args=["-c", command]))):
         event = response.event
@@ -88,14 +89,9 @@ def started(backend: CrunBackend, sandbox_id: str, template: str = "base", limit
     return info.host
 
 
-def test_crun_backend_conformance(state_dir: Path) -> None:
-    machine = backend_machine(lambda: CrunBackend(state_dir), "base", max_steps=4)
-    machine.TestCase().runTest()
-
-
 def test_agent_answers_and_processes_are_isolated(backend: CrunBackend) -> None:
     host = started(backend, "iso1")
-    assert httpx.get(f"http://{host}:49983/health").status_code == 204
+    assert httpx.get(f"http://{host}:{ENVD_PORT}/health").status_code == 204
     code, out, _ = shell(host, "ps -e -o pid=")
     pids = [int(p) for p in out.split()]
     assert code == 0
@@ -158,7 +154,7 @@ def test_fork_bomb_is_stopped_by_the_pids_limit(backend: CrunBackend) -> None:
     time.sleep(3)
     assert run(backend.metrics("lim1")).pids <= 64
     # The agent was already running: it still answers, and the host is unaffected.
-    assert httpx.get(f"http://{host}:49983/health", timeout=5).status_code == 204
+    assert httpx.get(f"http://{host}:{ENVD_PORT}/health", timeout=5).status_code == 204
     # A filesystem pause ends every process in the sandbox; it comes back healthy.
     run(backend.pause("lim1", memory=False))
     host = run(backend.resume("lim1")).host or ""
@@ -170,7 +166,7 @@ def test_memory_hog_is_stopped_by_the_memory_limit(backend: CrunBackend) -> None
     code, out, _ = shell(host, "python3 -c 'x = bytearray(1024 * 1024 * 1024); print(len(x))'")
     assert code != 0, "a 1 GiB allocation must fail inside a 256 MiB sandbox"
     assert out == b""
-    assert httpx.get(f"http://{host}:49983/health", timeout=5).status_code == 204, "the agent survived"
+    assert httpx.get(f"http://{host}:{ENVD_PORT}/health", timeout=5).status_code == 204, "the agent survived"
 
 
 def test_writes_never_reach_the_template(backend: CrunBackend) -> None:
@@ -188,7 +184,7 @@ def test_pause_resume_memory_and_filesystem(backend: CrunBackend) -> None:
     shell(host, "echo kept > /home/user/kept.txt")
     assert run(backend.pause("pz1", memory=True)).state is State.PAUSED
     with pytest.raises(httpx.TransportError):
-        httpx.get(f"http://{host}:49983/health", timeout=1)
+        httpx.get(f"http://{host}:{ENVD_PORT}/health", timeout=1)
     run(backend.resume("pz1"))
     assert shell(host, f"kill -0 {pid.decode().strip()}")[0] == 0, "a memory pause keeps processes"
     run(backend.pause("pz1", memory=False))

@@ -25,9 +25,10 @@ import pytest
 
 from conformance._clients import ensure_python_clients
 from conformance._scenarios import parse as _parse
-from runtime import _host
-from runtime._backend import Limits, SandboxSpec
-from runtime._crun import CrunBackend
+from contract.protocol import ENVD_PORT
+from runtime.backend import Limits, SandboxSpec
+from runtime.crun import CrunBackend
+from runtime.host import prepare as prepare_host
 from runtime.templates import ensure_template
 
 from .agent.conftest import SCENARIOS, _client_env
@@ -37,7 +38,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="crun sandboxes need root (namespaces, mounts, cgroups)"),
 ]
 
-PORT = 49983
+PORT = ENVD_PORT  # the official clients' debug mode reaches envd at localhost:49983
 
 
 class Relay:
@@ -80,7 +81,7 @@ class Relay:
 
 @pytest.fixture(scope="module")
 def sandbox_host() -> Iterator[str]:
-    _host.prepare(say=lambda msg: print(f"host set-up: {msg}"))
+    prepare_host(say=lambda msg: print(f"host set-up: {msg}"))
     ensure_template("base")
     folder = Path(tempfile.mkdtemp(prefix="e2b-compat-clients-", dir="/var/tmp"))
     folder.chmod(0o755)
@@ -132,7 +133,7 @@ def test_files_and_pty_through_the_sandbox(sandbox_host: str) -> None:
     assert "MARK-42" in pty["output"]
     assert "30 100" in pty["output"]
     owner = httpx.post(
-        f"http://{sandbox_host}:49983/filesystem.Filesystem/Stat",
+        f"http://{sandbox_host}:{ENVD_PORT}/filesystem.Filesystem/Stat",
         json={"path": "/home/user/relative-from-home.txt"},
         headers={"connect-protocol-version": "1"},
     ).json()["entry"]

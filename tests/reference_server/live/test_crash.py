@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from runtime._crun import CrunBackend
+from runtime.crun import CrunBackend
 
 from .conftest import LiveServer
 

@@ -25,10 +25,11 @@ import pytest
 from conformance._clients import NodeClients, PythonClients, ensure_node_clients, ensure_python_clients
 from conformance._scenarios import SCENARIOS as ALL_SCENARIOS
 from conformance._scenarios import ScenarioRunner
+from contract.protocol import ENVD_PORT
 
 ENVD_SCENARIOS = ALL_SCENARIOS / "envd"
 
-PORT = 49983
+PORT = ENVD_PORT
 BASE = f"http://127.0.0.1:{PORT}"
 SCENARIOS = ENVD_SCENARIOS
 REPO = Path(__file__).resolve().parents[3]

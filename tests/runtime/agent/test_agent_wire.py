@@ -11,7 +11,6 @@ import gzip
 import json
 import os
 import shutil
-import struct
 import subprocess
 import tempfile
 import time
@@ -27,6 +26,7 @@ from contract.generated.filesystem import filesystem_connect
 from contract.generated.filesystem import filesystem_pb2 as fpb
 from contract.generated.process import process_connect
 from contract.generated.process import process_pb2 as ppb
+from contract.protocol import decode_envelopes, encode_envelope
 from runtime.agent._files import signature
 
 from .conftest import Agent
@@ -35,18 +35,11 @@ JSON_HEADERS = {"content-type": "application/json", "connect-protocol-version": 
 
 
 def _stream_frames(response: httpx.Response) -> list[tuple[int, dict[str, Any]]]:
-    data = response.content
-    frames = []
-    while data:
-        flags, size = data[0], struct.unpack(">I", data[1:5])[0]
-        frames.append((flags, json.loads(data[5 : 5 + size])))
-        data = data[5 + size :]
-    return frames
+    return [(envelope.flags, json.loads(envelope.payload)) for envelope in decode_envelopes(response.content)]
 
 
 def _envelope(message: dict[str, Any]) -> bytes:
-    body = json.dumps(message).encode()
-    return b"\x00" + struct.pack(">I", len(body)) + body
+    return encode_envelope(json.dumps(message).encode())
 
 
 def _run(base: str, cmd: str, headers: dict[str, str] | None = None) -> list[tuple[int, dict[str, Any]]]:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from runtime.agent._credentials import run_as
-from runtime.agent._files import HttpError, _content_disposition, choose_encoding, parse_metadata, signature
+from runtime.agent._errors import AgentError, ErrorKind
+from runtime.agent._files import _content_disposition, choose_encoding, parse_metadata, signature
 from runtime.agent._filesystem import permissions, wire_text
 from runtime.agent._paths import PathError, ensure_parents, resolve
 from runtime.agent._processes import build_env, describe_exit
@@ -120,11 +121,12 @@ def test_metadata_headers() -> None:
         (b"content-type", b"x"),
     ]
     assert parse_metadata(headers) == {"owner": "team"}
-    with pytest.raises(HttpError, match="printable ASCII"):
+    with pytest.raises(AgentError, match="printable ASCII") as refused:
         parse_metadata([(b"x-metadata-k", "é".encode("latin-1"))])
-    with pytest.raises(HttpError, match="longer than 246"):
+    assert refused.value.kind is ErrorKind.INVALID_ARGUMENT
+    with pytest.raises(AgentError, match="longer than 246"):
         parse_metadata([(b"x-metadata-" + b"k" * 247, b"v")])
-    with pytest.raises(HttpError, match="total size"):
+    with pytest.raises(AgentError, match="total size"):
         parse_metadata([(f"x-metadata-k{i}".encode(), b"v" * 200) for i in range(30)])
 
 

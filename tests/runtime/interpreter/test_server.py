@@ -1,4 +1,4 @@
-"""The interpreter server over HTTP with real kernels (PROTOCOL.md §10).
+"""The interpreter server over HTTP with real kernels (docs/PROTOCOL-NOTES.md, Code Interpreter).
 
 Every test that needs fresh kernel state makes its own context; the default python context is
 shared. Waits are bounded by HTTP timeouts and thread joins; ordering between runs is judged

@@ -1,8 +1,9 @@
 """The backend-neutral sandbox runtime interface, its errors, and the lifecycle table.
 
 Every isolation backend (crun now; gVisor, Docker and microVMs later) implements
-``Backend``; the server never talks to a runtime any other way. One shared Hypothesis
-state machine (tests/runtime/test_backend_conformance.py) holds every backend to it.
+``Backend``, and ``runtime.backends`` names them; the server never talks to a runtime any
+other way. One shared Hypothesis state machine (tests/runtime/test_backend_conformance.py)
+holds every backend in that table to it.
 
 Exceptions::
 
@@ -11,6 +12,14 @@ Exceptions::
     ├── TransitionError        the operation is not allowed in the current state
     ├── TemplateNotFoundError  no template or snapshot with that id
     └── BackendError           the isolation mechanism failed (message says how)
+        ├── NetworkError           a network command failed (runtime._network)
+        │   ├── PoolExhaustedError     every /30 of the address pool is in use
+        │   └── NamesTakenError        a sandbox network's names exist already
+        ├── HostNotReadyError      the host lacks what a backend needs (runtime.host)
+        └── UnknownBackendError    no backend of that name (runtime.backends; also a ValueError)
+
+A backend raises nothing else: an operating-system error, a failed command or a malformed
+value met inside a backend method comes out as a ``BackendError`` saying what failed.
 """
 
 from __future__ import annotations

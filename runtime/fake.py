@@ -3,14 +3,17 @@
 It follows the lifecycle table exactly and keeps a per-sandbox "filesystem" (a dict) so
 snapshot and pause semantics can be checked without real sandboxes: files survive both
 kinds of pause, a snapshot copies them, a sandbox started from a snapshot sees them.
+It is the ``fake`` entry of ``runtime.backends``: the control plane can be tried without root.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
-from ._backend import (
+from .backend import (
     Action,
     Metrics,
     ReconcileReport,
@@ -22,6 +25,11 @@ from ._backend import (
     TransitionError,
     next_state,
 )
+
+if TYPE_CHECKING:
+    from .backends import BackendOptions
+
+__all__ = ["FakeBackend", "open_backend", "prepare_host"]
 
 
 @dataclass
@@ -151,3 +159,12 @@ class FakeBackend:
 
     def read(self, sandbox_id: str, path: str) -> bytes | None:
         return self._get(sandbox_id).files.get(path)
+
+
+def open_backend(options: BackendOptions) -> FakeBackend:
+    """The ``fake`` entry of ``runtime.backends``: every template offered is an empty file tree."""
+    return FakeBackend({template.name: {} for template in options.templates} if options.templates else None)
+
+
+def prepare_host(say: Callable[[str], None]) -> None:
+    """Nothing to install or check: the fake keeps everything in memory."""

@@ -5,6 +5,10 @@ mount that holds only ``hugetlb``. crun refuses hybrid set-ups with controllers 
 side ("cgroups in hybrid mode not supported"); mounting a v1 ``hugetlb`` hierarchy moves
 that controller over and crun starts. The fix changes host state, so it is applied only
 when asked (the serve and test set-up ask), and it is said out loud.
+
+``runtime.backends`` names ``prepare`` as the crun backend's host set-up. Exceptions::
+
+    HostNotReadyError   (a runtime.backend.BackendError) what is missing and how to fix it
 """
 
 from __future__ import annotations
@@ -15,10 +19,14 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from .backend import BackendError
+
+__all__ = ["CGROUP_ROOT", "HostNotReadyError", "prepare", "problems"]
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-class HostNotReadyError(RuntimeError):
+class HostNotReadyError(BackendError):
     """The host cannot run crun sandboxes; the message says what is missing and how to fix it."""
 
 
@@ -66,12 +74,23 @@ def prepare(say: Callable[[str], None] = print, root: Path = CGROUP_ROOT) -> Non
     if missing:
         say(f"installing {', '.join(missing)} (Debian packages) …")
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-        subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True, env=env)
+        _step(["apt-get", "update", "-qq"], env, f"install {', '.join(missing)} by hand")
+        _step(["apt-get", "install", "-y", "-qq", *missing], env, f"install {', '.join(missing)} by hand")
     if (root / "memory").is_dir() and _hugetlb_on_v2_side(root):
         say(f"mounting a cgroup v1 hugetlb hierarchy at {root / 'hugetlb'} so crun accepts the hybrid cgroup set-up")
-        (root / "hugetlb").mkdir(exist_ok=True)
-        subprocess.run(["mount", "-t", "cgroup", "-o", "hugetlb", "cgroup", str(root / "hugetlb")], check=True)
+        try:
+            (root / "hugetlb").mkdir(exist_ok=True)
+        except OSError as exc:
+            raise HostNotReadyError(f"could not make {root / 'hugetlb'}: {exc}") from exc
+        _step(["mount", "-t", "cgroup", "-o", "hugetlb", "cgroup", str(root / "hugetlb")], None, "mount it by hand")
     left = problems(root)
     if left:
         raise HostNotReadyError("; ".join(left))
+
+
+def _step(argv: list[str], env: dict[str, str] | None, fix: str) -> None:
+    """Run one set-up command (its output goes to the terminal); a failure says what failed and how to go on."""
+    try:
+        subprocess.run(argv, check=True, env=env)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise HostNotReadyError(f"{' '.join(argv[:2])} failed ({exc}); {fix}") from exc

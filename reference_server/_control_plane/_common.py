@@ -1,0 +1,115 @@
+"""What every control-plane resource module shares: the caller, the endpoint table, query helpers.
+
+A resource module (``sandboxes``, ``snapshots``, ``templates``, ``volumes``) is a set of plain
+module-level handlers ``async def name(request, caller) -> Response`` and one table ``ENDPOINTS``
+naming the method and path of each. A handler parses the request, calls one method of the
+service, and shapes the answer with ``_views``; it never decides and never touches the store or a
+backend. ``caller`` is the authenticated owner with the service, so a test can call a handler
+directly with a request and a ``Caller`` of its own.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from reference_server._errors import ApiError
+from reference_server._requests import integer_query
+from reference_server._sandboxes import SandboxService
+
+__all__ = [
+    "Caller",
+    "Endpoint",
+    "Handler",
+    "bool_field",
+    "metadata_filter",
+    "no_content",
+    "ranges",
+    "unix_ms_query",
+    "unix_query",
+]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The owner an API key belongs to, and the service that acts for them."""
+
+    owner: str
+    service: SandboxService
+
+    @property
+    def domain(self) -> str:
+        return self.service.settings.domain
+
+
+Handler = Callable[[Request, Caller], Awaitable[Response]]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One row of a resource's route table: ``method path → handler`` (all need an API key)."""
+
+    method: str
+    path: str
+    handler: Handler
+
+
+def no_content() -> Response:
+    return Response(status_code=204)
+
+
+def bool_field(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name)
+    return default if value is None else bool(value)
+
+
+def strings(value: object) -> tuple[str, ...]:
+    return tuple(value) if isinstance(value, list) else ()
+
+
+def ranges(value: object, field: str) -> tuple[str, ...]:
+    """``allowOut``/``denyOut``: IPv4 addresses or CIDR ranges (the sandboxes' networks are IPv4).
+
+    Upstream also takes domain names in ``allowOut``; this server's egress rules are address
+    based, so a name is refused with a 400 that says so rather than silently not applied.
+    """
+    found = strings(value)
+    for entry in found:
+        try:
+            network = ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ApiError(
+                400, f"Invalid request body: {field}: entries must be IPv4 addresses or CIDR ranges"
+            ) from None
+        if network.version != 4:
+            raise ApiError(400, f"Invalid request body: {field}: sandboxes have IPv4 networking only")
+    return found
+
+
+def metadata_filter(raw: str | None) -> dict[str, str]:
+    """The clients send ``urlencode({quote(k): quote(v)})`` as one parameter: undo both layers."""
+    if raw is None:
+        return {}
+    try:
+        pairs = urllib.parse.parse_qsl(raw, keep_blank_values=True, strict_parsing=True)
+    except ValueError:
+        raise ApiError(400, "Invalid metadata filter: expected key=value pairs joined by &") from None
+    return {urllib.parse.unquote(key): urllib.parse.unquote(value) for key, value in pairs}
+
+
+def unix_query(request: Request, name: str) -> datetime | None:
+    """A time in whole seconds since the epoch."""
+    seconds = integer_query(request, name, default=None, low=0, high=2**40)
+    return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
+
+
+def unix_ms_query(request: Request, name: str) -> int | None:
+    """A time in milliseconds since the epoch."""
+    return integer_query(request, name, default=None, low=0, high=2**53)

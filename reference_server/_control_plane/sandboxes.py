@@ -1,0 +1,266 @@
+"""Sandbox operations: create, connect, resume, get, list, kill, timeouts, pause, network, metrics, logs.
+
+Status codes are exactly the contract's (``docs/PROTOCOL-NOTES.md``, "Control plane"), because the
+Python client parses bodies only for the codes the specification lists. ``GET /v2/sandboxes``
+pages with an opaque cursor returned in the ``x-next-token`` header, which the clients read
+although the specification does not declare it. The v2 routes have their own defaults (a 300 s
+timeout, always an envd token): clients from 2.51 on send only what differs from them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from contract.protocol import NEXT_TOKEN_HEADER
+from reference_server import _views as views
+from reference_server._errors import ApiError
+from reference_server._events import LEVELS, LogQuery
+from reference_server._records import Defaults, NetworkSettings
+from reference_server._requests import check_query, integer_query, list_query, read_json, single
+from reference_server._sandboxes import MAX_PAGE, CreateRequest
+
+from ._common import Caller, Endpoint, bool_field, metadata_filter, no_content, ranges, unix_ms_query, unix_query
+
+__all__ = [
+    "ENDPOINTS",
+    "batch_metrics",
+    "connect_v1",
+    "connect_v2",
+    "create_v1",
+    "create_v2",
+    "get",
+    "kill",
+    "list_v1",
+    "list_v2",
+    "logs_v1",
+    "logs_v2",
+    "metrics",
+    "network",
+    "pause",
+    "refresh",
+    "resume",
+    "set_timeout",
+]
+
+
+def _integer(body: dict[str, Any], name: str, default: int) -> int:
+    value = body.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"Invalid request body: {name}: must be of type integer")
+    return value
+
+
+# -- create, connect, resume ---------------------------------------------------------------------
+
+
+async def create_v1(request: Request, caller: Caller) -> Response:
+    return await _create(request, caller, default_timeout=Defaults.TIMEOUT_S, default_secure=Defaults.SECURE_V1)
+
+
+async def create_v2(request: Request, caller: Caller) -> Response:
+    return await _create(request, caller, default_timeout=Defaults.V2_TIMEOUT_S, default_secure=Defaults.SECURE_V2)
+
+
+async def _create(request: Request, caller: Caller, *, default_timeout: int, default_secure: bool) -> Response:
+    check_query(request, ())
+    body = await read_json(request, "NewSandbox")
+    if body.get("volumeMounts"):
+        raise ApiError(400, "Volume mount is unavailable")
+    network = body.get("network") or {}
+    opened = await caller.service.create(
+        caller.owner,
+        CreateRequest(
+            template_id=body["templateID"],
+            timeout_s=int(body.get("timeout", default_timeout)),
+            env_vars=dict(body.get("envVars") or {}),
+            metadata=dict(body.get("metadata") or {}),
+            secure=bool_field(body, "secure", default_secure),
+            allow_internet_access=bool_field(body, "allow_internet_access", Defaults.ALLOW_INTERNET_ACCESS),
+            auto_pause=bool_field(body, "autoPause", Defaults.AUTO_PAUSE),
+            auto_pause_memory=bool_field(body, "autoPauseMemory", Defaults.AUTO_PAUSE_MEMORY),
+            auto_resume=bool((body.get("autoResume") or {}).get("enabled", Defaults.AUTO_RESUME)),
+            network=NetworkSettings(
+                allow_public_traffic=bool_field(network, "allowPublicTraffic", Defaults.ALLOW_PUBLIC_TRAFFIC),
+                allow_out=ranges(network.get("allowOut"), "network/allowOut"),
+                deny_out=ranges(network.get("denyOut"), "network/denyOut"),
+                mask_request_host=network.get("maskRequestHost") or None,
+            ),
+        ),
+    )
+    return JSONResponse(views.sandbox(opened, caller.domain), status_code=201)
+
+
+async def connect_v1(request: Request, caller: Caller) -> Response:
+    check_query(request, ())
+    body = await read_json(request, "ConnectSandbox")
+    return await _connect(request, caller, int(body["timeout"]))
+
+
+async def connect_v2(request: Request, caller: Caller) -> Response:
+    check_query(request, ())
+    body = await read_json(request, None, optional=True)
+    timeout = _integer(body, "timeout", Defaults.V2_TIMEOUT_S)
+    if not isinstance(body.get("memory", True), bool):
+        raise ApiError(400, "Invalid request body: memory: must be of type boolean")
+    return await _connect(request, caller, timeout)
+
+
+async def _connect(request: Request, caller: Caller, timeout: int) -> Response:
+    opened, resumed = await caller.service.connect(caller.owner, request.path_params["sandbox_id"], timeout)
+    return JSONResponse(views.sandbox(opened, caller.domain), status_code=201 if resumed else 200)
+
+
+async def resume(request: Request, caller: Caller) -> Response:
+    check_query(request, ())
+    body = await read_json(request, "ResumedSandbox", optional=True)
+    auto_pause = body.get("autoPause")
+    opened = await caller.service.resume(
+        caller.owner,
+        request.path_params["sandbox_id"],
+        int(body.get("timeout", Defaults.TIMEOUT_S)),
+        None if auto_pause is None else bool(auto_pause),
+    )
+    return JSONResponse(views.sandbox(opened, caller.domain), status_code=201)
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+
+async def get(request: Request, caller: Caller) -> Response:
+    check_query(request, ())
+    opened = await caller.service.detail(caller.owner, request.path_params["sandbox_id"])
+    return JSONResponse(views.detail(opened.record, opened.envd_token, caller.domain))
+
+
+async def list_v1(request: Request, caller: Caller) -> Response:
+    check_query(request, ("metadata",))
+    metadata = metadata_filter(single(request.query_params.getlist("metadata"), "metadata"))
+    records = await caller.service.list_running(caller.owner, metadata)
+    return JSONResponse([views.listed(record) for record in records])
+
+
+async def list_v2(request: Request, caller: Caller) -> Response:
+    check_query(request, ("metadata", "state", "limit", "nextToken"))
+    metadata = metadata_filter(single(request.query_params.getlist("metadata"), "metadata"))
+    limit = integer_query(request, "limit", default=MAX_PAGE, low=1, high=MAX_PAGE) or MAX_PAGE
+    after = single(request.query_params.getlist("nextToken"), "nextToken")
+    page = await caller.service.list_page(
+        caller.owner, states=list_query(request, "state"), metadata=metadata, limit=limit, after=after
+    )
+    headers = {NEXT_TOKEN_HEADER: page.next_token} if page.next_token else {}
+    return JSONResponse([views.listed(record) for record in page.records], headers=headers)
+
+
+async def metrics(request: Request, caller: Caller) -> Response:
+    check_query(request, ("start", "end"))
+    start, end = unix_query(request, "start"), unix_query(request, "end")
+    samples = await caller.service.metric_series(caller.owner, request.path_params["sandbox_id"], start, end)
+    return JSONResponse([views.metric(sample) for sample in samples])
+
+
+async def batch_metrics(request: Request, caller: Caller) -> Response:
+    check_query(request, ("sandbox_ids",))
+    found = await caller.service.latest_metrics(caller.owner, list_query(request, "sandbox_ids"))
+    return JSONResponse({"sandboxes": {sandbox_id: views.metric(sample) for sandbox_id, sample in found.items()}})
+
+
+async def logs_v1(request: Request, caller: Caller) -> Response:
+    check_query(request, ("start", "limit"))
+    start = unix_ms_query(request, "start")
+    limit = integer_query(request, "limit", default=1000, low=0, high=10_000) or 0
+    events = await caller.service.logs_since(caller.owner, request.path_params["sandbox_id"], start, limit)
+    return JSONResponse(
+        {"logs": [views.log_line(event) for event in events], "logEntries": [views.log_entry(e) for e in events]}
+    )
+
+
+async def logs_v2(request: Request, caller: Caller) -> Response:
+    check_query(request, ("cursor", "limit", "direction", "level", "search"))
+    query = LogQuery(
+        cursor_ms=unix_ms_query(request, "cursor"),
+        limit=integer_query(request, "limit", default=1000, low=0, high=10_000) or 0,
+        direction=single(request.query_params.getlist("direction"), "direction") or "forward",
+        level=single(request.query_params.getlist("level"), "level"),
+        search=single(request.query_params.getlist("search"), "search"),
+    )
+    if query.direction not in ("forward", "backward"):
+        raise ApiError(400, "direction must be forward or backward")
+    if query.level is not None and query.level not in LEVELS:
+        raise ApiError(400, f"level must be one of {', '.join(LEVELS)}")
+    events = await caller.service.logs(caller.owner, request.path_params["sandbox_id"], query)
+    return JSONResponse({"logs": [views.log_entry(event) for event in events]})
+
+
+# -- changing ----------------------------------------------------------------------------------------
+
+
+async def kill(request: Request, caller: Caller) -> Response:
+    check_query(request, ())
+    await caller.service.kill(caller.owner, request.path_params["sandbox_id"])
+    return no_content()
+
+
+async def set_timeout(request: Request, caller: Caller) -> Response:
+    check_query(request, ())
+    body = await read_json(request, None)
+    if "timeout" not in body:
+        raise ApiError(400, "Invalid request body: timeout: must be of type integer")
+    await caller.service.set_timeout(caller.owner, request.path_params["sandbox_id"], _integer(body, "timeout", 0))
+    return no_content()
+
+
+async def refresh(request: Request, caller: Caller) -> Response:
+    check_query(request, ())
+    body = await read_json(request, None, optional=True)
+    duration = body.get("duration", Defaults.REFRESH_S)
+    if isinstance(duration, bool) or not isinstance(duration, int | float):
+        raise ApiError(400, "Invalid request body: duration: must be of type number")
+    await caller.service.refresh(caller.owner, request.path_params["sandbox_id"], int(duration))
+    return no_content()
+
+
+async def pause(request: Request, caller: Caller) -> Response:
+    check_query(request, ())
+    body = await read_json(request, "SandboxPauseRequest", optional=True)
+    memory = bool_field(body, "memory", Defaults.PAUSE_MEMORY)
+    await caller.service.pause(caller.owner, request.path_params["sandbox_id"], memory=memory)
+    return no_content()
+
+
+async def network(request: Request, caller: Caller) -> Response:
+    check_query(request, ())
+    body = await read_json(request, "SandboxNetworkUpdateConfig")
+    internet = body.get("allow_internet_access")
+    await caller.service.update_network(
+        caller.owner,
+        request.path_params["sandbox_id"],
+        allow_internet_access=None if internet is None else bool(internet),
+        allow_out=None if "allowOut" not in body else ranges(body["allowOut"], "allowOut"),
+        deny_out=None if "denyOut" not in body else ranges(body["denyOut"], "denyOut"),
+    )
+    return no_content()
+
+
+_ONE = "/sandboxes/{sandbox_id}"
+ENDPOINTS = (
+    Endpoint("POST", "/sandboxes", create_v1),
+    Endpoint("POST", "/v2/sandboxes", create_v2),
+    Endpoint("GET", "/sandboxes", list_v1),
+    Endpoint("GET", "/v2/sandboxes", list_v2),
+    Endpoint("GET", "/sandboxes/metrics", batch_metrics),  # before {sandbox_id}: "metrics" is not an id
+    Endpoint("GET", _ONE, get),
+    Endpoint("DELETE", _ONE, kill),
+    Endpoint("POST", f"{_ONE}/connect", connect_v1),
+    Endpoint("POST", f"/v2{_ONE}/connect", connect_v2),
+    Endpoint("POST", f"{_ONE}/resume", resume),
+    Endpoint("POST", f"{_ONE}/timeout", set_timeout),
+    Endpoint("POST", f"{_ONE}/refreshes", refresh),
+    Endpoint("POST", f"{_ONE}/pause", pause),
+    Endpoint("PUT", f"{_ONE}/network", network),
+    Endpoint("GET", f"{_ONE}/metrics", metrics),
+    Endpoint("GET", f"{_ONE}/logs", logs_v1),
+    Endpoint("GET", f"/v2{_ONE}/logs", logs_v2),
+)

@@ -1,0 +1,47 @@
+"""Snapshot operations: take one of a sandbox (``POST /sandboxes/{id}/snapshots``) and list them.
+
+A snapshot works as a template for its owner: ``Sandbox.create(template=<snapshot id or name>)``
+starts from it, and ``DELETE /templates/{id}`` removes it (``templates``). Pages use the same
+opaque ``x-next-token`` cursor as the sandbox list.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from contract.protocol import NEXT_TOKEN_HEADER
+from reference_server import _views as views
+from reference_server._errors import ApiError
+from reference_server._requests import check_query, integer_query, read_json, single
+from reference_server._sandboxes import MAX_PAGE
+
+from ._common import Caller, Endpoint
+
+__all__ = ["ENDPOINTS", "list_snapshots", "snapshot"]
+
+
+async def snapshot(request: Request, caller: Caller) -> Response:
+    check_query(request, ())
+    body = await read_json(request, None, optional=True)
+    name = body.get("name")
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise ApiError(400, "Invalid request body: name: must be a non-empty string")
+    record = await caller.service.snapshot(caller.owner, request.path_params["sandbox_id"], name)
+    return JSONResponse(views.snapshot(record), status_code=201)
+
+
+async def list_snapshots(request: Request, caller: Caller) -> Response:
+    check_query(request, ("sandboxID", "limit", "nextToken"))
+    limit = integer_query(request, "limit", default=MAX_PAGE, low=1, high=MAX_PAGE) or MAX_PAGE
+    sandbox_id = single(request.query_params.getlist("sandboxID"), "sandboxID")
+    after = single(request.query_params.getlist("nextToken"), "nextToken")
+    page = await caller.service.list_snapshots(caller.owner, sandbox_id=sandbox_id, limit=limit, after=after)
+    headers = {NEXT_TOKEN_HEADER: page.next_token} if page.next_token else {}
+    return JSONResponse([views.snapshot(record) for record in page.records], headers=headers)
+
+
+ENDPOINTS = (
+    Endpoint("POST", "/sandboxes/{sandbox_id}/snapshots", snapshot),
+    Endpoint("GET", "/snapshots", list_snapshots),
+)

@@ -1,0 +1,249 @@
+"""The shared OCI backend without root: an in-memory container runtime, faults injected at the host seams.
+
+The host's network and overlay mounts are replaced by stand-ins (``no_host``), so what is tested is
+``OciBackend`` itself: that it keeps the lifecycle with any ``ContainerRuntime`` (the shared state
+machine, through the backend table), and that every failure below it comes out as a ``BackendError``
+saying what failed. Real sandboxes on crun are test_crun.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from runtime import _hostfs, _idmap, _network, _oci_backend
+from runtime._oci_backend import OciBackend
+from runtime.backend import BackendError, SandboxSpec, State, TransitionError
+from runtime.backends import BACKENDS, BackendEntry, BackendOptions, open_backend
+from runtime.crun import CrunBackend
+from runtime.templates import Template
+
+from .test_backend_conformance import check_backend
+
+T = TypeVar("T")
+SECRET = "hunter2-not-in-any-message"
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+class MemoryRuntime:
+    """A ``ContainerRuntime`` keeping containers in a dict; ``fail[step]`` is raised at that step."""
+
+    name = "memory"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.containers: dict[str, str] = {}
+        self.fail: dict[str, BaseException] = {}
+
+    def _step(self, step: str) -> None:
+        if step in self.fail:
+            raise self.fail[step]
+
+    async def create(self, bundle: Path, container: str, log: Path) -> None:
+        self._step("create")
+        assert (bundle / "config.json").is_file()
+        self.containers[container] = "created"
+
+    async def start(self, container: str) -> None:
+        self._step("start")
+        self.containers[container] = "running"
+
+    async def freeze(self, container: str) -> None:
+        self._step("freeze")
+        self.containers[container] = "paused"
+
+    async def thaw(self, container: str) -> None:
+        self._step("thaw")
+        self.containers[container] = "running"
+
+    def delete(self, container: str) -> None:
+        self._step("delete")
+        self.containers.pop(container, None)
+
+    def status(self, container: str) -> str | None:
+        return self.containers.get(container)
+
+
+class MemoryOciBackend(OciBackend):
+    """What a backend module for another OCI runtime amounts to: a name and its runtime."""
+
+    name = "oci-memory"
+
+    def __init__(self, state_dir: Path, *, templates: list[Template]) -> None:
+        super().__init__(state_dir, MemoryRuntime(state_dir / "memory"), id_mapping=None, templates=templates)
+
+    @property
+    def runtime(self) -> MemoryRuntime:
+        assert isinstance(self._runtime, MemoryRuntime)
+        return self._runtime
+
+
+@pytest.fixture
+def no_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No firewall, network namespaces, overlay mounts or agent: the backend's host seams do nothing."""
+
+    def nothing(*args: object, **kwargs: object) -> None:
+        return None
+
+    async def healthy(url: str, log: Path) -> None:
+        return None
+
+    for name in ("ensure_host_firewall", "create", "destroy", "set_policy"):
+        monkeypatch.setattr(_network, name, nothing)
+    monkeypatch.setattr(_network, "list_owned", lambda prefix=_network.NETNS_PREFIX: [])
+    monkeypatch.setattr(_hostfs, "mount_overlay", nothing)
+    monkeypatch.setattr(_oci_backend, "_wait_healthy", healthy)
+
+
+@pytest.fixture
+def template(tmp_path: Path) -> Template:
+    rootfs = tmp_path / "template" / "rootfs"
+    (rootfs / "etc").mkdir(parents=True)
+    (rootfs / "etc" / "issue").write_text("a template\n")
+    return Template("base", "k" * 64, rootfs.parent, rootfs, ("/bin/agent",))
+
+
+@pytest.fixture
+def backend(tmp_path: Path, no_host: None, template: Template) -> Iterator[MemoryOciBackend]:
+    oci = MemoryOciBackend(tmp_path / "state", templates=[template])
+    yield oci
+    for info in run(oci.list()):
+        run(oci.kill(info.sandbox_id))
+
+
+def spec(sandbox_id: str) -> SandboxSpec:
+    return SandboxSpec(sandbox_id, "base", env={"TOKEN": SECRET})
+
+
+def test_the_shared_backend_keeps_the_lifecycle_with_any_container_runtime(
+    tmp_path: Path, no_host: None, template: Template, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def open_memory(options: BackendOptions) -> MemoryOciBackend:
+        return MemoryOciBackend(options.state_dir, templates=list(options.templates))
+
+    entry = BackendEntry("oci-memory", open_memory, lambda say: None, "the shared OCI backend, in memory")
+    monkeypatch.setitem(BACKENDS, "oci-memory", entry)
+    monkeypatch.setattr(_oci_backend, "ensure_template", lambda name, cache_root=None: template)
+    check_backend("oci-memory", tmp_path / "machine")
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [_network.NetworkError("ip -batch - failed (2): RTNETLINK answers: File exists"), PermissionError(13, "denied")],
+)
+def test_a_network_set_up_failure_surfaces_as_backend_error(
+    backend: MemoryOciBackend, monkeypatch: pytest.MonkeyPatch, failure: Exception
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise failure
+
+    monkeypatch.setattr(_network, "create", broken)
+    with pytest.raises(BackendError) as info:
+        run(backend.create(spec("net1")))
+    assert str(failure) in str(info.value)
+    assert SECRET not in str(info.value)
+    if not isinstance(failure, BackendError):
+        assert str(info.value).startswith("creating sandbox net1: ")
+        assert info.value.__cause__ is failure
+    # What was made before the failure is released: nothing is left of the sandbox.
+    assert run(backend.list()) == []
+    assert not (backend._dir / "sandboxes" / "net1").exists()
+    assert run(backend.kill("net1")) is False
+
+
+def test_a_mount_failure_surfaces_as_backend_error(backend: MemoryOciBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise FileNotFoundError(2, "No such file or directory", "mount")
+
+    monkeypatch.setattr(_hostfs, "mount_overlay", broken)
+    with pytest.raises(BackendError, match=r"^creating sandbox m1: .*mount"):
+        run(backend.create(spec("m1")))
+    assert run(backend.list()) == []
+
+
+def test_a_runtime_failure_changes_nothing(backend: MemoryOciBackend) -> None:
+    run(backend.create(spec("rt1")))
+    backend.runtime.fail["start"] = OSError(5, "Input/output error")
+    with pytest.raises(BackendError, match=r"^starting sandbox rt1: .*Input/output error"):
+        run(backend.start("rt1"))
+    assert run(backend.inspect("rt1")).state is State.CREATED
+    del backend.runtime.fail["start"]
+    assert run(backend.start("rt1")).state is State.RUNNING
+    backend.runtime.fail["freeze"] = subprocess.TimeoutExpired(["memory", "pause"], 5)
+    with pytest.raises(BackendError, match=r"^pausing sandbox rt1: "):
+        run(backend.pause("rt1", memory=True))
+    assert run(backend.inspect("rt1")).state is State.RUNNING
+    with pytest.raises(BackendError, match=r"^taking a snapshot of sandbox rt1: "):
+        run(backend.snapshot("rt1"))
+    assert run(backend.inspect("rt1")).state is State.RUNNING
+    backend.runtime.fail["delete"] = PermissionError(1, "Operation not permitted")
+    with pytest.raises(BackendError, match=r"^killing sandbox rt1: "):
+        run(backend.kill("rt1"))
+    del backend.runtime.fail["delete"]
+    assert run(backend.kill("rt1")) is True
+
+
+def test_refusals_stay_what_they_are(backend: MemoryOciBackend) -> None:
+    run(backend.create(spec("ref1")))
+    with pytest.raises(TransitionError):
+        run(backend.resume("ref1"))
+    with pytest.raises(TransitionError):
+        run(backend.create(spec("ref1")))
+
+
+def test_a_network_rule_failure_surfaces_as_backend_error(
+    backend: MemoryOciBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run(backend.create(spec("pol1")))
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError(19, "No such device")
+
+    monkeypatch.setattr(_network, "set_policy", broken)
+    with pytest.raises(BackendError, match=r"^changing the network rules of sandbox pol1: .*No such device"):
+        run(backend.update_network("pol1", allow_internet_access=True, allow_out=(), deny_out=()))
+
+
+def test_a_missing_crun_command_surfaces_as_backend_error(tmp_path: Path, no_host: None, template: Template) -> None:
+    crun = CrunBackend(tmp_path / "state", crun=str(tmp_path / "no-crun-here"), id_mapping=None, templates=[template])
+    run(crun.create(spec("c1")))
+    with pytest.raises(BackendError, match=r"^starting sandbox c1: .*no-crun-here"):
+        run(crun.start("c1"))
+    assert run(crun.inspect("c1")).state is State.CREATED
+    # Without the command nothing can be released either; the record stays, so a later kill can.
+    with pytest.raises(BackendError, match=r"^killing sandbox c1: .*no-crun-here"):
+        run(crun.kill("c1"))
+    assert run(crun.inspect("c1")).state is State.CREATED
+
+
+def test_opening_a_backend_on_a_host_that_cannot_run_it_is_a_backend_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_firewall() -> None:
+        raise _network.NetworkError("nft not found: install the Debian package nftables")
+
+    monkeypatch.setattr(_network, "ensure_host_firewall", no_firewall)
+    monkeypatch.setattr(_idmap, "userns_fd", lambda mapping: -1)
+    options = BackendOptions(state_dir=tmp_path / "state")
+    # pytest's temporary folders are private (0700): the sandbox's unprivileged root could not reach them.
+    with pytest.raises(BackendError, match="not searchable by other users"):
+        open_backend("crun", options)
+    monkeypatch.setattr(_hostfs, "check_traversable", lambda folder: None)
+    with pytest.raises(BackendError, match="nftables"):
+        open_backend("crun", options)
+
+    def no_userns(mapping: _idmap.Mapping) -> int:
+        raise _idmap.IdmapError(1, "writing uid_map: Operation not permitted")
+
+    monkeypatch.setattr(_idmap, "userns_fd", no_userns)
+    with pytest.raises(BackendError, match=r"^setting up the crun backend in .*uid_map") as info:
+        open_backend("crun", options)
+    assert not isinstance(info.value, OSError)
