@@ -10,7 +10,8 @@ Families:
 - ``envd``: the agent's surface (processes, files, PTY, watches) on one sandbox the script
   creates; runs against a bare agent in the clients' debug mode or through any control plane.
 - ``sandbox``: the control plane's lifecycle (create, list, pause, connect, snapshots, metrics,
-  owners) with real sandboxes; needs a control plane.
+  owners) with real sandboxes, and a burst of 32 parallel creates from two owners in which every
+  sandbox proves its identity (``parallel-creates``); needs a control plane.
 - ``interpreter``: the code interpreter (port 49999: ``/execute`` and ``/contexts``) through the
   official interpreter clients (``e2b_code_interpreter``, ``@e2b/code-interpreter``), on sandboxes
   of their default template ``code-interpreter-v1``: results and their MIME forms (DataFrame HTML,
@@ -57,15 +58,18 @@ class Case:
     flavours: tuple[str, ...]
     operations: tuple[str, ...]
     check: Check
+    second_owner: bool = False  # the scenario also acts as another owner (SECOND_API_KEY)
 
 
 def _envd(scenario: str, flavours: tuple[str, ...], operations: tuple[str, ...], check: Check) -> Case:
     return Case(f"envd/{scenario}", "envd", scenario, flavours, (*LIFE, *operations), check)
 
 
-def _sandbox(scenario: str, flavours: tuple[str, ...], operations: tuple[str, ...], check: Check) -> Case:
+def _sandbox(
+    scenario: str, flavours: tuple[str, ...], operations: tuple[str, ...], check: Check, *, second_owner: bool = False
+) -> Case:
     area, _, what = scenario.partition("/")
-    return Case(f"{area}/lifecycle/{what}", "sandbox", scenario, flavours, (*LIFE, *operations), check)
+    return Case(f"{area}/lifecycle/{what}", "sandbox", scenario, flavours, (*LIFE, *operations), check, second_owner)
 
 
 def _interpreter(scenario: str, flavours: tuple[str, ...], operations: tuple[str, ...], check: Check) -> Case:
@@ -176,8 +180,16 @@ CASES: tuple[Case, ...] = (
         ALL,
         ("control.sandboxes.list", "control.sandboxes.connect", "envd.http.health"),
         checks.sandbox_other_owner,
+        second_owner=True,
     ),
     _sandbox("sandbox/websocket", ("js",), (UPLOAD, START), checks.sandbox_websocket),
+    _sandbox(
+        "sandbox/parallel-creates",
+        ALL,
+        (UPLOAD, DOWNLOAD, START, "control.sandboxes.get"),
+        checks.sandbox_parallel_creates,
+        second_owner=True,
+    ),
     _interpreter("interpreter/run/basic", ALL, (), checks.interpreter_basic),
     _interpreter("interpreter/results/dataframe", ALL, (), checks.interpreter_dataframe),
     _interpreter("interpreter/results/matplotlib", ALL, (), checks.interpreter_matplotlib),

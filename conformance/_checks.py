@@ -242,6 +242,40 @@ def sandbox_other_owner(r: dict[str, Any], work: str) -> None:
     assert r["still_running"] is True
 
 
+BURST_SIZE = 32  # what sandbox/parallel-creates makes, half for each owner
+
+
+def sandbox_parallel_creates(r: dict[str, Any], work: str) -> None:
+    """Every sandbox of the burst proves its identity by every path; a misrouting names both sandboxes.
+
+    Its hostname and ``E2B_SANDBOX_ID`` come from the runtime, its marker from the create's
+    environment (``/init``), its file from an upload, its metadata from the control plane: a
+    request that reached another sandbox shows that sandbox's marker or id.
+    """
+    sandboxes = r["sandboxes"]
+    assert len(sandboxes) == BURST_SIZE, f"{len(sandboxes)} sandboxes, not {BURST_SIZE}"
+    ids = [s["id"] for s in sandboxes]
+    assert len(set(ids)) == len(ids), "two creates answered with the same sandbox id"
+    assert {s["owner"] for s in sandboxes} == {"first", "second"}
+    by_marker = {s["marker"]: s for s in sandboxes}
+    by_id = {s["id"]: s for s in sandboxes}
+    problems = []
+    for sandbox in sandboxes:
+        me = f"{sandbox['id']} ({sandbox['owner']} owner)"
+        expected = {"hostname": sandbox["id"], "env_id": sandbox["id"]}
+        expected |= dict.fromkeys(("env_marker", "file_marker", "read_marker", "metadata_marker"), sandbox["marker"])
+        for what, want in expected.items():
+            seen = sandbox["seen"][what]
+            if seen == want:
+                continue
+            other = by_marker.get(seen) or by_id.get(seen)
+            if other is not None:
+                problems.append(f"{me}: {what} is that of {other['id']} ({other['owner']} owner)")
+            else:
+                problems.append(f"{me}: {what} is {seen!r}, expected {want!r}")
+    assert not problems, f"{len(problems)} misrouted: " + "; ".join(problems[:8])
+
+
 def sandbox_websocket(r: dict[str, Any], work: str) -> None:
     assert r == {
         "received": ["hello", [1, 2, 3], "bye"],

@@ -102,7 +102,11 @@ class ManagedServer:
 
     def server_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("E2B_", "PYTHON"))}
-        env.update(E2B_COMPAT_SERVER_DATA_DIR=str(self.data_dir), E2B_COMPAT_SERVER_PORT=str(self.port))
+        env.update(
+            E2B_COMPAT_SERVER_DATA_DIR=str(self.data_dir),
+            E2B_COMPAT_SERVER_PORT=str(self.port),
+            E2B_COMPAT_SERVER_BACKEND=self.backend,
+        )
         env.update(self.extra_env)
         return env
 
@@ -172,9 +176,10 @@ class ManagedServer:
         """After the server stopped: kill every sandbox its runtime still has (nothing may leak)."""
         import asyncio  # noqa: PLC0415
 
-        from runtime.crun import CrunBackend  # noqa: PLC0415 - only a managed crun server has a runtime here
+        # Only a managed server has a runtime here: the one its backend setting named.
+        from runtime.backends import BackendOptions, open_backend  # noqa: PLC0415
 
-        backend = CrunBackend(self.data_dir / "runtime")
+        backend = open_backend(self.backend, BackendOptions(state_dir=self.data_dir / "runtime"))
 
         async def kill_all() -> None:
             for info in await backend.list():

@@ -94,7 +94,7 @@ def _run_one(plan: RunPlan, clients: ClientSet, case: Case, flavour: str) -> Cas
     if clients.python is None or clients.node is None:
         return CaseResult(case.name, info, Outcome.SKIP, 0.0, case.operations, reason="client not installed")
     extra = {}
-    if case.scenario == "sandbox/other-owner":
+    if case.second_owner:
         if plan.endpoint.second_api_key is None:
             return CaseResult(
                 case.name, info, Outcome.SKIP, 0.0, case.operations, reason="no second owner's API key was given"

@@ -21,6 +21,8 @@ import logging
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from contract.protocol import ENVD_PORT, TRAFFIC_TOKEN_HEADER
+
 from ._credentials import TokenScope, TokenVault
 from ._proxy import SandboxProxy, Upstream
 from ._routing import ControlPlane, Domain, RouteError, route
@@ -30,8 +32,7 @@ __all__ = ["Edge"]
 
 log = logging.getLogger(__name__)
 
-ENVD_PORT = 49983
-TRAFFIC_HEADER = "e2b-traffic-access-token"
+TRAFFIC_HEADER = TRAFFIC_TOKEN_HEADER.lower()  # compared with lower-cased ASGI header names
 NOT_RUNNING = "The sandbox was not found or is not running"
 TRAFFIC_REFUSED = "Missing or invalid traffic access token"
 

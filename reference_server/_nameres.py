@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
 
+from contract.protocol import ENVD_PORT
+
 from ._files import replace_file
 from ._routing import parse_domain
 
@@ -63,7 +65,7 @@ __all__ = [
 NSSWITCH = Path("/etc/nsswitch.conf")
 PACKAGE = "libnss-myhostname"
 SERVICE = "myhostname"
-PROBE_PORT = 49983  # envd's port: the name every sandbox has
+PROBE_PORT = ENVD_PORT  # the name every sandbox has
 _SANDBOX_ID_CHARS = string.ascii_lowercase + string.digits
 _SANDBOX_ID_LENGTH = 20
 # What Debian's own nsswitch.conf says, with myhostname, for a file that has no hosts line at all.

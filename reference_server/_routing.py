@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
+from contract.protocol import SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER
+
 __all__ = [
     "ControlPlane",
     "Domain",
@@ -43,8 +45,9 @@ __all__ = [
     "route",
 ]
 
-ID_HEADER = "e2b-sandbox-id"
-PORT_HEADER = "e2b-sandbox-port"
+# Lower-cased: the names are compared with lower-cased header names, and said so in messages.
+ID_HEADER = SANDBOX_ID_HEADER.lower()
+PORT_HEADER = SANDBOX_PORT_HEADER.lower()
 MAX_NAME_LENGTH = 253  # a DNS name, without the trailing dot
 
 SANDBOX_NOT_FOUND = "Sandbox not found"

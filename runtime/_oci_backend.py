@@ -42,7 +42,7 @@ import httpx
 
 from contract.protocol import ENVD_PORT
 
-from . import _hostfs, _idmap, _network, _oci
+from . import _addresses, _hostfs, _idmap, _network, _oci
 from .backend import (
     Action,
     BackendError,
@@ -144,11 +144,16 @@ class OciBackend:
         templates_root: Path | None = None,
         id_mapping: _idmap.Mapping | None = _idmap.DEFAULT_MAPPING,  # None: sandbox root is host root
         templates: Iterable[Template] = (),  # already built: used as they are, never looked up again
+        addresses: _addresses.AddressRegistry | None = None,  # default: the host's one registry
     ) -> None:
         self._dir = state_dir
         self._runtime = container_runtime
         self._mapping = id_mapping
         self._pool = pool or _network.AddressPool()
+        # Subnets come from the host-wide registry, never from this backend's own records: two
+        # servers on one host, or two creates of one server in worker threads, must never share one.
+        self._addresses = addresses or _addresses.AddressRegistry(pool=self._pool.network)
+        self._owner = str(state_dir.absolute())
         self._templates_root = templates_root
         self._locks: dict[str, asyncio.Lock] = {}
         # Templates are immutable once built; resolving one hashes the source tree, so once per name.
@@ -253,8 +258,8 @@ class OciBackend:
 
     def _provision(self, record: Record) -> None:
         home = self._home(record.sandbox_id)
-        used = {_network.SandboxNetwork.from_record(r.network).subnet for r in self._records() if r.network}
-        net = _network.plan(record.sandbox_id, self._pool.allocate(used))
+        # A lease whose record was never saved (a crash right here) is ended by reconcile().
+        net = _network.plan(record.sandbox_id, self._addresses.allocate(self._owner, record.sandbox_id))
         record.network = net.to_record()
         self._save(record)  # recorded before it exists
         _network.create(net, egress=bool(record.spec["egress"]), policy=_policy(record.spec))
@@ -389,7 +394,9 @@ class OciBackend:
         for mount_point in [str(home / "bundle" / "rootfs"), *reversed(record.idmapped)]:
             _hostfs.unmount(mount_point)
         if record.network:
-            _network.destroy(_network.SandboxNetwork.from_record(record.network))
+            net = _network.SandboxNetwork.from_record(record.network)
+            _network.destroy(net)
+            self._addresses.release(net.subnet, self._owner, record.sandbox_id)
         for controller in _CGROUP_CONTROLLERS:
             with contextlib.suppress(OSError):
                 os.rmdir(f"/sys/fs/cgroup/{controller}/{CGROUP_PARENT}/{record.sandbox_id}")
@@ -528,6 +535,7 @@ class OciBackend:
     def _reconcile(self) -> ReconcileReport:
         adopted, cleaned = [], []
         known_netns = set()
+        kept_subnets: set[tuple[str, str]] = set()
         for record in self._records():
             alive = record.container is not None and self._runtime.status(record.container) in ("running", "paused")
             mounted = _hostfs.is_mount(str(self._home(record.sandbox_id) / "bundle" / "rootfs"))
@@ -536,12 +544,20 @@ class OciBackend:
             if intact_running or intact_idle:
                 adopted.append(record.sandbox_id)
                 if record.network:
-                    known_netns.add(_network.SandboxNetwork.from_record(record.network).netns)
+                    net = _network.SandboxNetwork.from_record(record.network)
+                    known_netns.add(net.netns)
+                    kept_subnets.add((str(net.subnet), record.sandbox_id))
                 continue
             self._release(record)
             cleaned.append(record.sandbox_id)
+        leases = self._addresses.leases()
+        for lease in leases:  # this backend's leases that no sandbox of its own holds any more
+            if lease.owner == self._owner and (str(lease.subnet), lease.key) not in kept_subnets:
+                self._addresses.release(lease.subnet, lease.owner, lease.key)
+        # Another server's sandboxes on this host have namespaces of the same prefix: not orphans.
+        others = {_network.NETNS_PREFIX + lease.key for lease in leases if lease.owner != self._owner}
         for netns in _network.list_owned():
-            if netns not in known_netns:
+            if netns not in known_netns and netns not in others:
                 # Names derive from the sandbox id alone; any subnet gives the same names to remove.
                 orphan = _network.plan(netns[len(_network.NETNS_PREFIX) :], self._pool.allocate(set()))
                 with contextlib.suppress(_network.NetworkError, ValueError):

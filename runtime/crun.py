@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import _hostfs, _idmap, _network, host
+from ._addresses import AddressRegistry
 from ._oci_backend import CGROUP_PARENT, OciBackend
 from .backend import BackendError
 
@@ -114,6 +115,7 @@ class CrunBackend(OciBackend):
         crun: str = "crun",
         id_mapping: _idmap.Mapping | None = _idmap.DEFAULT_MAPPING,  # None: sandbox root is host root
         templates: Iterable[Template] = (),  # already built: used as they are, never looked up again
+        addresses: AddressRegistry | None = None,  # default: the host's one registry
     ) -> None:
         super().__init__(
             state_dir,
@@ -122,6 +124,7 @@ class CrunBackend(OciBackend):
             templates_root=templates_root,
             id_mapping=id_mapping,
             templates=templates,
+            addresses=addresses,
         )
 
 

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from contract.protocol import API_KEY_HEADER
 from reference_server import _errors as text
 from reference_server._errors import ApiError, error_response
 from reference_server._sandboxes import SandboxService
@@ -48,7 +49,7 @@ def _authenticated(endpoint: Endpoint, service: SandboxService, keys: Authentica
     handler = endpoint.handler
 
     async def authenticate_then_handle(request: Request) -> Response:
-        presented = request.headers.get("x-api-key")
+        presented = request.headers.get(API_KEY_HEADER)
         if presented is None:
             raise ApiError(401, text.MISSING_KEY)
         owner = await keys.authenticate(presented)

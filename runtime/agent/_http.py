@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from ._errors import AgentError, ErrorKind, HttpBody, answers_errors
 from ._metrics import MetricsCollector
-from ._state import INTERNAL_ENV, AgentState
+from ._state import INTERNAL_NAMES, AgentState
 
 _NO_STORE = {"Cache-Control": "no-store"}
 _FRACTION = re.compile(r"(\.\d{6})\d+")
@@ -91,7 +91,7 @@ async def init(request: Request) -> Response:
         if stamp is not None:
             state.last_init = stamp
         if data.get("envVars") is not None:
-            state.env_vars = {k: v for k, v in data["envVars"].items() if k not in INTERNAL_ENV}
+            state.env_vars = {k: v for k, v in data["envVars"].items() if k not in INTERNAL_NAMES}
         state.access_token = presented
         if data.get("defaultUser"):
             state.default_user = data["defaultUser"]

@@ -9,6 +9,8 @@ import asyncio
 import base64
 import binascii
 import hmac
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -16,7 +18,17 @@ from ._errors import AgentError, ErrorKind
 from ._users import UnknownUserError, User, UserDatabase
 
 # Set by the agent itself; /init cannot set or remove them.
-INTERNAL_ENV = {"E2B_SANDBOX": "true"}
+INTERNAL_NAMES = frozenset({"E2B_SANDBOX", "E2B_SANDBOX_ID", "E2B_TEMPLATE_ID", "E2B_EVENTS_ADDRESS"})
+_FROM_RUNTIME = ("E2B_SANDBOX_ID", "E2B_TEMPLATE_ID")  # what the runtime puts in the agent's environment
+
+
+def internal_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """``E2B_SANDBOX=true``, and the sandbox's and template's ids when the runtime gave them to the agent.
+
+    envd learns the ids from the VM's metadata service; here the runtime sets them in the agent's
+    own environment (the container's). Every process the agent starts sees them, as with envd.
+    """
+    return {"E2B_SANDBOX": "true", **{name: environ[name] for name in _FROM_RUNTIME if environ.get(name)}}
 
 
 class UserError(AgentError):
@@ -35,9 +47,10 @@ class AgentState:
     default_workdir: str | None = None
     last_init: datetime | None = None
     init_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    internal: dict[str, str] = field(default_factory=internal_env)
 
     def global_env(self) -> dict[str, str]:
-        return {**self.env_vars, **INTERNAL_ENV}
+        return {**self.env_vars, **self.internal}
 
     def token_matches(self, presented: str | None) -> bool:
         """Constant-time comparison with the access token (True when none is set)."""

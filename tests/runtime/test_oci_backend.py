@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from runtime import _hostfs, _idmap, _network, _oci_backend
+from runtime import _addresses, _hostfs, _idmap, _network, _oci_backend
 from runtime._oci_backend import OciBackend
 from runtime.backend import BackendError, SandboxSpec, State, TransitionError
 from runtime.backends import BACKENDS, BackendEntry, BackendOptions, open_backend
@@ -87,7 +87,7 @@ class MemoryOciBackend(OciBackend):
 
 
 @pytest.fixture
-def no_host(monkeypatch: pytest.MonkeyPatch) -> None:
+def no_host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No firewall, network namespaces, overlay mounts or agent: the backend's host seams do nothing."""
 
     def nothing(*args: object, **kwargs: object) -> None:
@@ -101,6 +101,9 @@ def no_host(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_network, "list_owned", lambda prefix=_network.NETNS_PREFIX: [])
     monkeypatch.setattr(_hostfs, "mount_overlay", nothing)
     monkeypatch.setattr(_oci_backend, "_wait_healthy", healthy)
+    # The address registry of this test alone, not the host's.
+    monkeypatch.setattr(_addresses, "DEFAULT_REGISTRY", tmp_path / "addresses")
+    monkeypatch.setattr(_addresses, "host_networks", list)
 
 
 @pytest.fixture
@@ -247,3 +250,54 @@ def test_opening_a_backend_on_a_host_that_cannot_run_it_is_a_backend_error(
     with pytest.raises(BackendError, match=r"^setting up the crun backend in .*uid_map") as info:
         open_backend("crun", options)
     assert not isinstance(info.value, OSError)
+
+
+# -- addresses: one registry for every backend on the host ---------------------------------------
+
+
+def _subnet(backend: OciBackend, sandbox_id: str) -> str:
+    record = backend._record(sandbox_id)
+    assert record.network is not None
+    return str(_network.SandboxNetwork.from_record(record.network).subnet)
+
+
+def test_parallel_creates_of_two_servers_get_distinct_subnets(
+    tmp_path: Path, no_host: None, template: Template
+) -> None:
+    """Two backends (two servers on one host) create 24 sandboxes at once: no /30 is handed out twice."""
+    first = MemoryOciBackend(tmp_path / "one", templates=[template])
+    second = MemoryOciBackend(tmp_path / "two", templates=[template])
+
+    async def burst() -> None:
+        creates = [(first if n % 2 == 0 else second).create(SandboxSpec(f"p{n}", "base")) for n in range(12)]
+        creates += [second.create(SandboxSpec(f"q{n}", "base")) for n in range(12)]
+        await asyncio.gather(*creates)
+
+    run(burst())
+    subnets = [_subnet(first, f"p{n}") for n in range(0, 12, 2)]
+    subnets += [_subnet(second, f"p{n}") for n in range(1, 12, 2)]
+    subnets += [_subnet(second, f"q{n}") for n in range(12)]
+    assert len(subnets) == len(set(subnets)) == 24
+    for backend in (first, second):
+        for info in run(backend.list()):
+            run(backend.kill(info.sandbox_id))
+    assert _addresses.AddressRegistry().leases() == [], "every kill ended its lease"
+
+
+def test_reconcile_leaves_another_servers_networks_alone(
+    tmp_path: Path, no_host: None, template: Template, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mine = MemoryOciBackend(tmp_path / "mine", templates=[template])
+    theirs = MemoryOciBackend(tmp_path / "theirs", templates=[template])
+    run(theirs.create(SandboxSpec("theirs1", "base")))
+    registry = _addresses.AddressRegistry()
+    stale = registry.allocate(mine._owner, "crashed-before-its-record")  # a lease whose record was never saved
+    destroyed: list[str] = []
+    owned = [_network.NETNS_PREFIX + "theirs1", _network.NETNS_PREFIX + "orphan"]
+    monkeypatch.setattr(_network, "list_owned", lambda prefix=_network.NETNS_PREFIX: owned)
+    monkeypatch.setattr(_network, "destroy", lambda net: destroyed.append(net.netns))
+    report = run(mine.reconcile())
+    assert destroyed == [_network.NETNS_PREFIX + "orphan"]
+    assert _network.NETNS_PREFIX + "theirs1" not in report.cleaned
+    assert [lease.key for lease in registry.leases()] == ["theirs1"]
+    assert stale not in {lease.subnet for lease in registry.leases()}

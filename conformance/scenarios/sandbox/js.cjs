@@ -322,6 +322,41 @@ const scenarios = {
       await sbx.kill()
     }
   },
+
+  // A burst of creates from two owners at once; each sandbox says who it is through every path.
+  'sandbox/parallel-creates': async () => {
+    const BURST = 32
+    const keys = { first: process.env.E2B_API_KEY, second: process.env.SECOND_API_KEY }
+    if (!keys.second) throw new Error('SECOND_API_KEY is not set')
+    const identity = 'printf "%s|%s|%s|%s" "$(hostname)" "$E2B_COMPAT_MARKER" "$E2B_SANDBOX_ID" "$(cat /tmp/identity)"'
+    const made = []
+    const one = async (n) => {
+      const owner = n % 2 === 0 ? 'first' : 'second'
+      const marker = crypto.randomUUID().replaceAll('-', '')
+      const sbx = await Sandbox.create({ envs: { E2B_COMPAT_MARKER: marker }, metadata: { marker }, apiKey: keys[owner] })
+      made.push(sbx)
+      await sbx.files.write('/tmp/identity', marker)
+      const [hostname, envMarker, envId, fileMarker] = (await sbx.commands.run(identity)).stdout.split('|')
+      return {
+        owner,
+        id: sbx.sandboxId,
+        marker,
+        seen: {
+          hostname,
+          env_marker: envMarker,
+          env_id: envId,
+          file_marker: fileMarker,
+          read_marker: await sbx.files.read('/tmp/identity'),
+          metadata_marker: (await sbx.getInfo()).metadata.marker ?? null,
+        },
+      }
+    }
+    try {
+      return { sandboxes: await Promise.all(Array.from({ length: BURST }, (_, n) => one(n))) }
+    } finally {
+      await Promise.allSettled(made.map((sbx) => sbx.kill()))
+    }
+  },
 }
 
 async function main() {

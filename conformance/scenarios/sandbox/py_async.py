@@ -295,6 +295,46 @@ async def _other_owner(work: str) -> dict[str, Any]:
         await sbx.kill()
 
 
+BURST = 32  # parallel creates, half for each owner
+
+IDENTITY = 'printf "%s|%s|%s|%s" "$(hostname)" "$E2B_COMPAT_MARKER" "$E2B_SANDBOX_ID" "$(cat /tmp/identity)"'
+
+
+@scenario("sandbox/parallel-creates")
+async def _parallel_creates(work: str) -> dict[str, Any]:
+    """A burst of creates from two owners at once; each sandbox says who it is through every path."""
+    keys = {"first": os.environ["E2B_API_KEY"], "second": os.environ["SECOND_API_KEY"]}
+    made: list[AsyncSandbox] = []
+
+    async def one(n: int) -> dict[str, Any]:
+        owner = "first" if n % 2 == 0 else "second"
+        marker = uuid.uuid4().hex
+        sbx = await AsyncSandbox.create(
+            envs={"E2B_COMPAT_MARKER": marker}, metadata={"marker": marker}, api_key=keys[owner]
+        )
+        made.append(sbx)
+        await sbx.files.write("/tmp/identity", marker)
+        hostname, env_marker, env_id, file_marker = (await sbx.commands.run(IDENTITY)).stdout.split("|")
+        return {
+            "owner": owner,
+            "id": sbx.sandbox_id,
+            "marker": marker,
+            "seen": {
+                "hostname": hostname,
+                "env_marker": env_marker,
+                "env_id": env_id,
+                "file_marker": file_marker,
+                "read_marker": await sbx.files.read("/tmp/identity"),
+                "metadata_marker": (await sbx.get_info()).metadata.get("marker"),
+            },
+        }
+
+    try:
+        return {"sandboxes": list(await asyncio.gather(*(one(n) for n in range(BURST))))}
+    finally:
+        await asyncio.gather(*(sbx.kill() for sbx in made), return_exceptions=True)
+
+
 async def run(name: str, work: str) -> dict[str, Any]:
     return await SCENARIOS[name](work)
 

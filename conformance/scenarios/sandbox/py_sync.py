@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -270,6 +271,47 @@ def _other_owner(work: str) -> dict[str, Any]:
         }
     finally:
         sbx.kill()
+
+
+BURST = 32  # parallel creates, half for each owner
+
+IDENTITY = 'printf "%s|%s|%s|%s" "$(hostname)" "$E2B_COMPAT_MARKER" "$E2B_SANDBOX_ID" "$(cat /tmp/identity)"'
+
+
+@scenario("sandbox/parallel-creates")
+def _parallel_creates(work: str) -> dict[str, Any]:
+    """A burst of creates from two owners at once; each sandbox says who it is through every path."""
+    keys = {"first": os.environ["E2B_API_KEY"], "second": os.environ["SECOND_API_KEY"]}
+    made: list[Sandbox] = []
+
+    def one(n: int) -> dict[str, Any]:
+        owner = "first" if n % 2 == 0 else "second"
+        marker = uuid.uuid4().hex
+        sbx = Sandbox.create(envs={"E2B_COMPAT_MARKER": marker}, metadata={"marker": marker}, api_key=keys[owner])
+        made.append(sbx)
+        sbx.files.write("/tmp/identity", marker)
+        hostname, env_marker, env_id, file_marker = sbx.commands.run(IDENTITY).stdout.split("|")
+        return {
+            "owner": owner,
+            "id": sbx.sandbox_id,
+            "marker": marker,
+            "seen": {
+                "hostname": hostname,
+                "env_marker": env_marker,
+                "env_id": env_id,
+                "file_marker": file_marker,
+                "read_marker": sbx.files.read("/tmp/identity"),
+                "metadata_marker": sbx.get_info().metadata.get("marker"),
+            },
+        }
+
+    try:
+        with ThreadPoolExecutor(max_workers=BURST) as pool:
+            sandboxes = list(pool.map(one, range(BURST)))
+        return {"sandboxes": sandboxes}
+    finally:
+        for sbx in made:
+            sbx.kill()
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ from runtime.agent._files import _content_disposition, choose_encoding, parse_me
 from runtime.agent._filesystem import permissions, wire_text
 from runtime.agent._paths import PathError, ensure_parents, resolve
 from runtime.agent._processes import build_env, describe_exit
-from runtime.agent._state import AgentState, UserError, basic_user
+from runtime.agent._state import INTERNAL_NAMES, AgentState, UserError, basic_user, internal_env
 from runtime.agent._users import User, UserDatabase
 
 USER = User("user", 1000, 1000, "/home/user", (1000,))
@@ -84,7 +84,19 @@ def test_state_users_and_token(tmp_path: Path) -> None:
     assert not state.token_matches("u")
     assert not state.token_matches(None)
     state.env_vars = {"E2B_SANDBOX": "no", "A": "1"}
-    assert state.global_env() == {"E2B_SANDBOX": "true", "A": "1"}
+    assert state.global_env()["E2B_SANDBOX"] == "true"
+    assert state.global_env()["A"] == "1"
+
+
+def test_the_runtime_gives_the_sandbox_and_template_ids_to_every_process() -> None:
+    """As envd's do, the sandbox's processes see E2B_SANDBOX_ID and E2B_TEMPLATE_ID (not settable by /init)."""
+    environ = {"E2B_SANDBOX_ID": "sb1", "E2B_TEMPLATE_ID": "base", "E2B_SANDBOX": "x", "OTHER": "y"}
+    assert internal_env(environ) == {"E2B_SANDBOX": "true", "E2B_SANDBOX_ID": "sb1", "E2B_TEMPLATE_ID": "base"}
+    assert internal_env({}) == {"E2B_SANDBOX": "true"}  # a bare agent (debug mode) has no ids
+    state = AgentState(internal=internal_env(environ))
+    state.env_vars = {"E2B_SANDBOX_ID": "forged"}
+    assert state.global_env()["E2B_SANDBOX_ID"] == "sb1"
+    assert {"E2B_SANDBOX_ID", "E2B_TEMPLATE_ID", "E2B_SANDBOX"} <= INTERNAL_NAMES
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,168 @@
+"""One address allocator for the whole host: every backend of every server on it shares one registry.
+
+Each sandbox gets a /30 of one pool (``_network.DEFAULT_POOL``). Bookkeeping inside one
+process cannot keep two servers on the host apart (a running server and ``nox -s
+conformance``), nor two threads of one server (creates provision in worker threads): both once
+handed the same /30 to two sandboxes, so one tenant's ``/init`` and traffic reached another's
+agent. So the leases live in one file per host, changed only under an exclusive ``flock``::
+
+    <folder>/addresses.json   {"next": {<pool>: <index>}, "leases": {<subnet>: {"owner", "key"}},
+                               "cooling": {<subnet>: <released at, unix seconds>}}
+    <folder>/addresses.lock   the lock (flock: released by the kernel if the holder dies)
+
+- ``allocate(owner, key)`` hands out the next /30 after the last one handed out (next fit,
+  wrapping around the pool), skipping leased ones, ones released less than ``cool_down_s``
+  ago (no immediate reuse: a late packet or a stale route for the old sandbox must not reach
+  the new one), and any that overlaps an address already on an interface of the host.
+- ``release(subnet, owner, key)`` ends that owner's lease (another's is left alone) and starts
+  the subnet's cool-down.
+- ``leases(owner)`` lists one owner's leases, so that a backend's reconciliation can end the
+  ones no sandbox of its own holds any more.
+
+``owner`` is the backend's state folder, ``key`` the sandbox id. The default folder is under
+``/run``, which the host empties at boot, when every network namespace is gone too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._network import DEFAULT_POOL, SUBNET_PREFIX, NetworkError, PoolExhaustedError
+
+__all__ = ["DEFAULT_REGISTRY", "AddressRegistry", "Lease", "host_networks"]
+
+DEFAULT_REGISTRY = Path("/run/e2b-compat")
+COOL_DOWN_S = 60.0
+
+InterfaceLister = Callable[[], Iterable[ipaddress.IPv4Network]]
+
+
+def host_networks() -> list[ipaddress.IPv4Network]:
+    """Every IPv4 network configured on an interface of the host (``ip -json -4 addr``)."""
+    proc = subprocess.run(["ip", "-json", "-4", "addr", "show"], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise NetworkError(f"ip addr show failed ({proc.returncode}): {proc.stderr.strip()[-300:]}")
+    found = []
+    for link in json.loads(proc.stdout or "[]"):
+        for address in link.get("addr_info", []):
+            if address.get("family") == "inet":
+                found.append(ipaddress.IPv4Network(f"{address['local']}/{address['prefixlen']}", strict=False))
+    return found
+
+
+@dataclass(frozen=True)
+class Lease:
+    subnet: ipaddress.IPv4Network
+    owner: str
+    key: str
+
+
+class AddressRegistry:
+    def __init__(
+        self,
+        folder: Path | None = None,  # default: DEFAULT_REGISTRY, shared by everything on the host
+        *,
+        pool: ipaddress.IPv4Network | str = DEFAULT_POOL,
+        cool_down_s: float = COOL_DOWN_S,
+        interfaces: InterfaceLister | None = None,  # default: host_networks
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.folder = folder if folder is not None else DEFAULT_REGISTRY
+        self.pool = ipaddress.IPv4Network(pool)
+        if self.pool.prefixlen > SUBNET_PREFIX:
+            raise ValueError(f"address pool {self.pool} is smaller than one /{SUBNET_PREFIX}")
+        self._size = 1 << (SUBNET_PREFIX - self.pool.prefixlen)
+        self._cool_down_s = cool_down_s
+        self._interfaces = interfaces if interfaces is not None else host_networks
+        self._clock = clock
+
+    # -- the file, under the lock -------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[dict[str, Any]]:
+        """The registry, read under the host-wide lock and written back (atomically) on success."""
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # A lock file of its own, opened per call: flock locks belong to an open file description,
+        # so two threads of one process exclude each other as two processes do.
+        fd = os.open(self.folder / "addresses.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            state = self._read()
+            yield state
+            self._write(state)
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            state = json.loads((self.folder / "addresses.json").read_text())
+        except FileNotFoundError:
+            state = {}
+        except ValueError as exc:  # never guess: a damaged registry could hand out a leased subnet
+            raise NetworkError(
+                f"{self.folder / 'addresses.json'} is damaged ({exc}); remove it only when no sandbox runs on this host"
+            ) from None
+        state.setdefault("next", {})
+        state.setdefault("leases", {})
+        state.setdefault("cooling", {})
+        return dict(state)
+
+    def _write(self, state: dict[str, Any]) -> None:
+        target = self.folder / "addresses.json"
+        tmp = target.with_name(f".addresses.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, target)
+
+    # -- operations ------------------------------------------------------------------------
+
+    def allocate(self, owner: str, key: str) -> ipaddress.IPv4Network:
+        with self._locked() as state:
+            now = self._clock()
+            cooling = {net: at for net, at in state["cooling"].items() if now - float(at) < self._cool_down_s}
+            state["cooling"] = cooling
+            taken = [ipaddress.IPv4Network(net) for net in (*state["leases"], *cooling)]
+            taken += [net for net in self._interfaces() if net.overlaps(self.pool)]
+            start = int(state["next"].get(str(self.pool), 0)) % self._size
+            for step in range(self._size):
+                index = (start + step) % self._size
+                candidate = ipaddress.IPv4Network((int(self.pool.network_address) + (index << 2), SUBNET_PREFIX))
+                if any(candidate.overlaps(net) for net in taken):
+                    continue
+                state["leases"][str(candidate)] = {"owner": owner, "key": key}
+                state["next"][str(self.pool)] = index + 1
+                return candidate
+            raise PoolExhaustedError(
+                f"no free /{SUBNET_PREFIX} left in the address pool {self.pool} "
+                f"({len(state['leases'])} leased, {len(cooling)} cooling down)"
+            )
+
+    def release(self, subnet: ipaddress.IPv4Network | str, owner: str, key: str) -> bool:
+        """End ``owner``'s lease of ``subnet`` for ``key``; False when it holds none (nothing changes)."""
+        name = str(ipaddress.IPv4Network(subnet))
+        with self._locked() as state:
+            lease = state["leases"].get(name)
+            if lease != {"owner": owner, "key": key}:
+                return False
+            del state["leases"][name]
+            state["cooling"][name] = self._clock()
+            return True
+
+    def leases(self, owner: str | None = None) -> list[Lease]:
+        """The leases of ``owner`` (of every owner when None), in address order."""
+        with self._locked() as state:
+            return [
+                Lease(ipaddress.IPv4Network(net), lease["owner"], lease["key"])
+                for net, lease in sorted(state["leases"].items(), key=lambda item: ipaddress.IPv4Network(item[0]))
+                if owner is None or lease["owner"] == owner
+            ]
