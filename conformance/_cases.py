@@ -7,8 +7,9 @@ starts using another operation must say so here. Names are ``<family>/<area>/<wh
 
 Families:
 
-- ``envd``: the agent's surface (processes, files, PTY, watches) on one sandbox the script
-  creates; runs against a bare agent in the clients' debug mode or through any control plane.
+- ``envd``: the agent's surface (processes, files, PTY, watches, and commands and file round
+  trips in parallel on one sandbox) on one sandbox the script creates; runs against a bare agent
+  in the clients' debug mode or through any control plane.
 - ``sandbox``: the control plane's lifecycle (create, list, pause, connect, snapshots, metrics,
   owners) with real sandboxes, and a burst of 32 parallel creates from two owners in which every
   sandbox proves its identity (``parallel-creates``); needs a control plane.
@@ -123,6 +124,7 @@ CASES: tuple[Case, ...] = (
         checks.envd_watch,
     ),
     _envd("watch/stream", ("py-async", "js"), (UPLOAD, "envd.filesystem.WatchDir"), checks.envd_watch),
+    _envd("concurrency/commands-and-files", ALL, (START, UPLOAD, DOWNLOAD), checks.envd_parallel_traffic),
     _sandbox("sandbox/create-env-metadata", ALL, ("control.sandboxes.get", START), checks.sandbox_create),
     _sandbox("sandbox/get-host", ALL, (UPLOAD, START), checks.sandbox_get_host),
     _sandbox(

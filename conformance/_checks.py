@@ -242,6 +242,29 @@ def sandbox_other_owner(r: dict[str, Any], work: str) -> None:
     assert r["still_running"] is True
 
 
+PARALLEL_TRAFFIC = 16  # what envd/concurrency/commands-and-files runs at once, of each kind
+
+
+def envd_parallel_traffic(r: dict[str, Any], work: str) -> None:
+    """Each of the parallel commands and file round trips got its own answer, whole.
+
+    Only the commands' own lines are compared: the clients run commands in a login shell, whose
+    profile may print on a host of its own (in debug mode, the host's profile runs 16 times at once).
+    """
+    commands, files = r["commands"], r["files"]
+    assert [c[0] for c in commands] == list(range(PARALLEL_TRAFFIC)), "not every command answered"
+    for n, stdout, stderr, exit_code in commands:
+        ours = (
+            [line for line in stdout.splitlines() if line.startswith("start-")],
+            [line for line in stderr.splitlines() if line.startswith("end-")],
+            exit_code,
+        )
+        assert ours == ([f"start-{n}"], [f"end-{n}"], n % 3), f"command {n} got {(stdout, stderr, exit_code)!r}"
+    assert [f[0] for f in files] == list(range(PARALLEL_TRAFFIC)), "not every file round trip answered"
+    for n, sent, received, size in files:
+        assert sent == received, f"file {n} came back different ({size} bytes): another request's answer?"
+
+
 BURST_SIZE = 32  # what sandbox/parallel-creates makes, half for each owner
 
 
@@ -262,6 +285,9 @@ def sandbox_parallel_creates(r: dict[str, Any], work: str) -> None:
     problems = []
     for sandbox in sandboxes:
         me = f"{sandbox['id']} ({sandbox['owner']} owner)"
+        if "error" in sandbox:
+            problems.append(f"{me}: {sandbox['error'][:300]}")
+            continue
         expected = {"hostname": sandbox["id"], "env_id": sandbox["id"]}
         expected |= dict.fromkeys(("env_marker", "file_marker", "read_marker", "metadata_marker"), sandbox["marker"])
         for what, want in expected.items():

@@ -3,7 +3,8 @@
 It follows the lifecycle table exactly and keeps a per-sandbox "filesystem" (a dict) so
 snapshot and pause semantics can be checked without real sandboxes: files survive both
 kinds of pause, a snapshot copies them, a sandbox started from a snapshot sees them.
-It is the ``fake`` entry of ``runtime.backends``: the control plane can be tried without root.
+It is the ``fake`` entry of ``runtime.backends`` (held to the shared state machine like every
+backend); a server cannot run on it, since no agent would answer ``/init``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """A deliberately broken E2B endpoint: a TLS relay in front of the real server that injects one fault.
 
 The harness's own tests point the official clients at it to prove that a check can fail: a check
-that still passes behind ``Fault.CREATE_200`` or ``Fault.DROP_STREAM_EVENT`` checks nothing.
+that still passes behind ``Fault.CREATE_200``, ``Fault.DROP_STREAM_EVENT`` or ``Fault.SWAP_SANDBOXES``
+checks nothing.
 ``Fault.NONE`` is the control case: the relay alone must change no outcome.
 
 How the relay stays transparent:
@@ -65,6 +66,10 @@ class Fault(enum.Enum):
     NONE = "none"
     CREATE_200 = "create-200"  # POST /sandboxes and /v2/sandboxes: 201 becomes 200, body unchanged
     DROP_STREAM_EVENT = "drop-stream-event"  # process.Process/Start: the first "data" event's envelope is dropped
+    # The first two sandboxes created through the relay get each other's sandbox traffic: Host (and
+    # E2b-Sandbox-Id) name the other one, and its envd token replaces the caller's, as an edge that
+    # looked up the wrong sandbox would do. Everything the clients see then comes from the other one.
+    SWAP_SANDBOXES = "swap-sandboxes"
 
 
 class _PeerGoneError(Exception):
@@ -96,6 +101,7 @@ class FaultyEndpoint:
         self.upstream_host = upstream_host
         self._port = port
         self._faults_injected = 0
+        self._swapped_pair: tuple[str, str] | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
@@ -122,6 +128,11 @@ class FaultyEndpoint:
     def faults_injected(self) -> int:
         """How many responses the fault changed so far (0 for ``Fault.NONE``)."""
         return self._faults_injected
+
+    @property
+    def swapped_pair(self) -> tuple[str, str] | None:
+        """``Fault.SWAP_SANDBOXES``: the two sandboxes given each other's traffic, once both exist."""
+        return self._swapped_pair
 
     def client_env(self, server_client_env: Mapping[str, str]) -> dict[str, str]:
         """The server's client variables with ``E2B_DOMAIN`` pointing at the relay."""
@@ -282,6 +293,49 @@ class _Relay:
         self._relay_domain = f"{endpoint.domain_name}:{endpoint.port}".encode()
         self._links: dict[_Link, asyncio.Task[None]] = {}
         self._closing = False
+        self.tokens: dict[str, str] = {}  # sandbox id → envd token, from create/connect answers
+        self._paired: list[str] = []  # the first two sandbox ids seen, under Fault.SWAP_SANDBOXES
+        self.swapped: dict[str, str] = {}  # Fault.SWAP_SANDBOXES: the first two sandboxes, each to the other
+
+    def learn(self, body: bytes) -> None:
+        """Remember a sandbox's envd token from a control-plane answer; pair the first two sandboxes."""
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            return
+        if not isinstance(answer, dict) or not isinstance(answer.get("sandboxID"), str):
+            return
+        sandbox_id = answer["sandboxID"]
+        if isinstance(answer.get("envdAccessToken"), str):
+            self.tokens[sandbox_id] = answer["envdAccessToken"]
+        paired = self._paired
+        if self.endpoint.fault is Fault.SWAP_SANDBOXES and len(paired) < 2 and sandbox_id not in paired:
+            paired.append(sandbox_id)
+            if len(paired) == 2:
+                self.swapped = {paired[0]: paired[1], paired[1]: paired[0]}
+                self.endpoint._swapped_pair = (paired[0], paired[1])  # written from this loop only
+
+    def swap(self, name: str, headers: list[tuple[bytes, bytes]]) -> tuple[str, list[tuple[bytes, bytes]]]:
+        """A sandbox host name and request headers as sent for its partner (unchanged if it has none)."""
+        label, dot, domain = name.partition(".")
+        port, dash, sandbox_id = label.partition("-")
+        header_id = _header(headers, b"e2b-sandbox-id")
+        target_id = sandbox_id if dash and port.isdigit() else header_id
+        partner = self.swapped.get(target_id)
+        if partner is None:
+            return name, headers
+        self.count_fault()
+        if dash and port.isdigit():
+            name = f"{port}-{partner}{dot}{domain}"
+        swapped = []
+        for key, value in headers:
+            sent = value
+            if key.lower() == b"e2b-sandbox-id":
+                sent = partner.encode()
+            elif key.lower() == b"x-access-token" and partner in self.tokens:
+                sent = self.tokens[partner].encode()
+            swapped.append((key, sent))
+        return name, swapped
 
     async def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link = _Link(self, reader, writer)
@@ -385,13 +439,15 @@ class _Link:
         if port == self.relay.port:
             host = host[: -len(port)] + self.relay.upstream_port  # the server routes on the Host's port
         plan = self.relay.plan(request, name)
+        raw_headers = list(request.headers.raw_items())
+        if self.relay.swapped and not plan.control_plane:
+            swapped_name, raw_headers = self.relay.swap(name, raw_headers)
+            if swapped_name != name:
+                host, name = swapped_name + host[len(name) :], swapped_name
         upstream = await self._upstream_for(name or self.relay.endpoint.domain_name)
         if upstream is None:
             return False
-        headers = [
-            (key, host.encode("latin-1") if key.lower() == b"host" else value)
-            for key, value in request.headers.raw_items()
-        ]
+        headers = [(key, host.encode("latin-1") if key.lower() == b"host" else value) for key, value in raw_headers]
         await _send(
             upstream.writer, upstream.conn, h11.Request(method=request.method, target=request.target, headers=headers)
         )
@@ -510,6 +566,7 @@ class _Link:
                     await self._to_client(h11.Data(data=data))
             elif isinstance(event, h11.EndOfMessage):
                 if held is not None:
+                    self.relay.learn(bytes(body))
                     rewritten = self.relay.rewrite(bytes(body))
                     length = [(b"content-length", str(len(rewritten)).encode())]
                     await self._to_client(_with(held, headers=_without_framing(held) + length))

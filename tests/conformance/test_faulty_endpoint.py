@@ -77,15 +77,23 @@ def stand_in_app(port: int) -> Starlette:
 
     def seen(request: Request) -> dict[str, str]:
         assert request.client is not None
-        return {"x-seen-host": request.headers["host"], "x-seen-peer": str(request.client.port)}
+        return {
+            "x-seen-host": request.headers["host"],
+            "x-seen-peer": str(request.client.port),
+            "x-seen-token": request.headers.get("x-access-token", ""),
+            "x-seen-sandbox-id": request.headers.get("e2b-sandbox-id", ""),
+        }
 
     async def create(request: Request) -> Response:
+        received = await request.json()
+        sandbox_id = received.get("sandboxHint", SANDBOX_ID)  # the test names the sandbox it wants
         body = {
-            "sandboxID": SANDBOX_ID,
+            "sandboxID": sandbox_id,
+            "envdAccessToken": f"token-{sandbox_id}",
             "domain": f"e2b.localhost:{port}",
             "url": f"https://api.e2b.localhost:{port}/sandboxes/{SANDBOX_ID}",
             "notOurs": f"e2b.localhost:{port}9",  # another port that merely starts with P
-            "received": await request.json(),
+            "received": received,
         }
         location = {"location": f"https://api.e2b.localhost:{port}/sandboxes/{SANDBOX_ID}"}
         return JSONResponse(body, status_code=201, headers={**seen(request), **location})
@@ -416,6 +424,26 @@ def test_drop_stream_event_drops_exactly_the_first_data_envelope(
 
 
 # --- lifecycle ---
+
+
+def test_swap_sandboxes_gives_the_first_two_each_others_traffic(stand_in: StandIn, make_relay: MakeRelay) -> None:
+    relay = make_relay(Fault.SWAP_SANDBOXES)
+    with client(stand_in) as http:
+        for hint in ("sa", "sb", "sc"):
+            made = http.post(f"https://api.{relay.domain}/sandboxes", json={"templateID": "base", "sandboxHint": hint})
+            assert made.json()["sandboxID"] == hint
+        assert relay.swapped_pair == ("sa", "sb")
+        to_a = http.get(f"https://49983-sa.{relay.domain}/echo", headers={"X-Access-Token": "token-sa"})
+        to_b = http.get(f"https://8000-sb.{relay.domain}/echo")
+        to_c = http.get(f"https://49983-sc.{relay.domain}/echo", headers={"X-Access-Token": "token-sc"})
+        shared = http.get(f"https://sandbox.{relay.domain}/echo", headers={"E2b-Sandbox-Id": "sa"})
+    assert to_a.headers["x-seen-host"] == f"49983-sb.e2b.localhost:{stand_in.port}"
+    assert to_a.headers["x-seen-token"] == "token-sb", "the partner's token replaces the caller's"
+    assert to_b.headers["x-seen-host"] == f"8000-sa.e2b.localhost:{stand_in.port}"
+    assert to_c.headers["x-seen-host"] == f"49983-sc.e2b.localhost:{stand_in.port}"
+    assert to_c.headers["x-seen-token"] == "token-sc", "a third sandbox is left alone"
+    assert shared.headers["x-seen-sandbox-id"] == "sb", "header routing is swapped too"
+    assert relay.faults_injected == 3
 
 
 def test_stop_cuts_open_streams_and_frees_the_port(stand_in: StandIn) -> None:

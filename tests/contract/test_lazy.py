@@ -24,10 +24,18 @@ def test_every_lazy_package_resolves_its_whole_surface() -> None:
     import conformance
     import contract
     import reference_server
+    import runtime
     import runtime.agent
     import runtime.interpreter
 
-    packages: list[types.ModuleType] = [contract, conformance, reference_server, runtime.agent, runtime.interpreter]
+    packages: list[types.ModuleType] = [
+        contract,
+        conformance,
+        reference_server,
+        runtime,
+        runtime.agent,
+        runtime.interpreter,
+    ]
     for package in packages:
         for name in package.__all__:
             assert getattr(package, name) is not None, f"{package.__name__}.{name}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -159,6 +160,34 @@ async def _watch(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
         await asyncio.sleep(0.1)
     await handle.stop()
     return {"events": events}
+
+
+PARALLEL = 16  # commands, and as many files, in flight at once on one sandbox
+
+
+@scenario("concurrency/commands-and-files")
+async def _parallel_traffic(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
+    """Commands and file round trips in parallel on one sandbox: each must get its own answer."""
+
+    async def command(n: int) -> list[Any]:
+        try:
+            r = await sbx.commands.run(
+                f"echo start-{n}; sleep 0.2; echo end-{n} >&2; exit {n % 3}", cwd=work, envs={"N": str(n)}
+            )
+            return [n, r.stdout, r.stderr, r.exit_code]
+        except CommandExitException as exc:  # a non-zero exit is part of the answer
+            return [n, exc.stdout, exc.stderr, exc.exit_code]
+
+    async def round_trip(n: int) -> list[Any]:
+        content = f"file {n} ".encode() * (n * 512 + 1)  # from a few bytes to about 60 KiB
+        await sbx.files.write(f"{work}/parallel/{n}.bin", content)
+        back = await sbx.files.read(f"{work}/parallel/{n}.bin", format="bytes")
+        return [n, hashlib.sha256(content).hexdigest(), hashlib.sha256(bytes(back)).hexdigest(), len(back)]
+
+    commands = asyncio.gather(*(command(n) for n in range(PARALLEL)))
+    files = asyncio.gather(*(round_trip(n) for n in range(PARALLEL)))
+    done_commands, done_files = await asyncio.gather(commands, files)
+    return {"commands": list(done_commands), "files": list(done_files)}
 
 
 async def main() -> None:

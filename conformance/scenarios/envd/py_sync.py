@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from e2b import CommandExitException, Sandbox, TimeoutException
@@ -303,6 +304,35 @@ def _properties(sbx: Sandbox, work: str) -> dict[str, Any]:
             exit_code, stdout, stderr = exc.exit_code, exc.stdout, exc.stderr
         commands.append({"exit_code": exit_code, "stdout": stdout, "stderr": stderr})
     return {"files": files, "commands": commands}
+
+
+PARALLEL = 16  # commands, and as many files, in flight at once on one sandbox
+
+
+@scenario("concurrency/commands-and-files")
+def _parallel_traffic(sbx: Sandbox, work: str) -> dict[str, Any]:
+    """Commands and file round trips in parallel on one sandbox: each must get its own answer."""
+
+    def command(n: int) -> list[Any]:
+        r = sbx.commands.run(f"echo start-{n}; sleep 0.2; echo end-{n} >&2; exit {n % 3}", cwd=work, envs={"N": str(n)})
+        return [n, r.stdout, r.stderr, r.exit_code]
+
+    def round_trip(n: int) -> list[Any]:
+        content = f"file {n} ".encode() * (n * 512 + 1)  # from a few bytes to about 60 KiB
+        sbx.files.write(f"{work}/parallel/{n}.bin", content)
+        back = sbx.files.read(f"{work}/parallel/{n}.bin", format="bytes")
+        return [n, hashlib.sha256(content).hexdigest(), hashlib.sha256(bytes(back)).hexdigest(), len(back)]
+
+    def safe_command(n: int) -> list[Any]:
+        try:
+            return command(n)
+        except CommandExitException as exc:  # a non-zero exit is part of the answer
+            return [n, exc.stdout, exc.stderr, exc.exit_code]
+
+    with ThreadPoolExecutor(max_workers=2 * PARALLEL) as pool:
+        commands = pool.map(safe_command, range(PARALLEL))
+        files = pool.map(round_trip, range(PARALLEL))
+        return {"commands": list(commands), "files": list(files)}
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
-from e2b import AsyncSandbox, NotFoundException, SandboxException, SandboxQuery, SandboxState
+from e2b import AsyncSandbox, AuthenticationException, NotFoundException, SandboxException, SandboxQuery, SandboxState
 
 Scenario = Callable[[str], Awaitable[dict[str, Any]]]
 SCENARIOS: dict[str, Scenario] = {}
@@ -297,7 +297,10 @@ async def _other_owner(work: str) -> dict[str, Any]:
 
 BURST = 32  # parallel creates, half for each owner
 
-IDENTITY = 'printf "%s|%s|%s|%s" "$(hostname)" "$E2B_COMPAT_MARKER" "$E2B_SANDBOX_ID" "$(cat /tmp/identity)"'
+# Who answers: the runtime's hostname and id, the marker from the create's environment, the upload.
+IDENTITY = (
+    'printf "%s|%s|%s|%s" "$(hostname)" "$E2B_COMPAT_MARKER" "$E2B_SANDBOX_ID" "$(cat /tmp/identity 2>/dev/null)"'
+)
 
 
 @scenario("sandbox/parallel-creates")
@@ -313,21 +316,21 @@ async def _parallel_creates(work: str) -> dict[str, Any]:
             envs={"E2B_COMPAT_MARKER": marker}, metadata={"marker": marker}, api_key=keys[owner]
         )
         made.append(sbx)
-        await sbx.files.write("/tmp/identity", marker)
-        hostname, env_marker, env_id, file_marker = (await sbx.commands.run(IDENTITY)).stdout.split("|")
-        return {
-            "owner": owner,
-            "id": sbx.sandbox_id,
-            "marker": marker,
-            "seen": {
+        found: dict[str, Any] = {"owner": owner, "id": sbx.sandbox_id, "marker": marker}
+        try:  # a request that reached another sandbox may fail there: that is an answer too
+            await sbx.files.write("/tmp/identity", marker)
+            hostname, env_marker, env_id, file_marker = (await sbx.commands.run(IDENTITY)).stdout.split("|")
+            found["seen"] = {
                 "hostname": hostname,
                 "env_marker": env_marker,
                 "env_id": env_id,
                 "file_marker": file_marker,
                 "read_marker": await sbx.files.read("/tmp/identity"),
                 "metadata_marker": (await sbx.get_info()).metadata.get("marker"),
-            },
-        }
+            }
+        except (SandboxException, AuthenticationException) as exc:
+            found["error"] = f"{type(exc).__name__}: {exc}"
+        return found
 
     try:
         return {"sandboxes": list(await asyncio.gather(*(one(n) for n in range(BURST))))}

@@ -104,3 +104,28 @@ def test_a_faithful_relay_changes_nothing(
     assert all(result.outcome is Outcome.PASS for result in (*run.results, *wire)), [
         (result.case, result.detail) for result in (*run.results, *wire)
     ]
+
+
+def test_swapped_sandbox_traffic_fails_the_burst_and_names_both_sandboxes(
+    live_server: LiveServer, python_clients: PythonClients, node_clients: NodeClients
+) -> None:
+    """The relay gives two sandboxes each other's traffic: the parallel-creates case names the pair."""
+    with FaultyEndpoint.for_server(live_server, Fault.SWAP_SANDBOXES) as relay:
+        endpoint = ExternalEndpoint(
+            relay.client_env(live_server.client_env), second_api_key=live_server.issue_key("swap-second")
+        )
+        plan = RunPlan(
+            endpoint, (_pinned(python_clients, node_clients),), match="parallel-creates", flavours=("py-sync",)
+        )
+        run = run_cases(plan)
+        assert relay.faults_injected > 0
+        assert relay.swapped_pair is not None
+        first, second = relay.swapped_pair
+    (failure,) = _failed(run.results, "sandbox/lifecycle/parallel-creates")
+    # The swap starts once both sandboxes exist, so one of them may have finished its requests
+    # before: the message names the pair from the side that was misrouted.
+    summary = failure.detail.splitlines()[0]
+    assert "misrouted" in summary, summary
+    assert f"is that of {second} (" in summary or f"is that of {first} (" in summary, summary
+    assert first in summary, summary
+    assert second in summary, summary
