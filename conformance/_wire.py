@@ -25,13 +25,17 @@ from typing import Any
 
 import httpx
 
+from contract.generated.filesystem import filesystem_pb2
+from contract.generated.process import process_pb2
 from contract.protocol import (
     ACCESS_TOKEN_HEADER,
     API_KEY_HEADER,
     CONNECT_JSON,
+    CONNECT_PROTO,
     CONNECT_PROTOCOL_VERSION,
     CONNECT_PROTOCOL_VERSION_HEADER,
     CONNECT_STREAM_JSON,
+    CONNECT_STREAM_PROTO,
     ENVD_PORT,
     FLAG_END_STREAM,
     INTERPRETER_PORT,
@@ -229,6 +233,63 @@ def stream_input(wire: Wire) -> None:
             raise WireMismatchError(f"POST {url}: the input never reached the process; its output was {rest}")
 
 
+def protobuf_codec(wire: Wire) -> None:
+    """Connect's binary codec, which other Connect clients use although the pinned SDKs send JSON.
+
+    Unary: ``application/proto`` in and out; an error stays JSON whatever the codec (Connect's
+    rule). Streaming: ``application/connect+proto`` envelopes of protobuf messages, and the end of
+    the stream is a JSON envelope.
+    """
+    with wire.sandbox(secure=True) as created:
+        sandbox = created["sandboxID"]
+        stat = wire.envd(sandbox, "/filesystem.Filesystem/Stat")
+        unary = _stream_headers(created, CONNECT_PROTO)
+        request = filesystem_pb2.StatRequest(path="/etc/hostname").SerializeToString()
+        answer = wire.http.post(stat, content=request, headers=unary)
+        if answer.status_code != 200 or not answer.headers.get("content-type", "").startswith(CONNECT_PROTO):
+            raise WireMismatchError(
+                f"POST {stat} ({CONNECT_PROTO}) answered {answer.status_code} "
+                f"{answer.headers.get('content-type')!r}, not 200 {CONNECT_PROTO}: {answer.content[:200]!r}"
+            )
+        entry = filesystem_pb2.StatResponse.FromString(answer.content).entry
+        if (entry.name, entry.type) != ("hostname", filesystem_pb2.FILE_TYPE_FILE):
+            raise WireMismatchError(f"POST {stat} ({CONNECT_PROTO}): the entry was {entry.name!r} of type {entry.type}")
+        missing = filesystem_pb2.StatRequest(path="/does/not/exist").SerializeToString()
+        refused = wire.http.post(stat, content=missing, headers=unary)
+        body = wire.expect(refused, 404, "a missing path, protobuf codec")
+        if not (isinstance(body, dict) and body.get("code") == "not_found"):
+            raise WireMismatchError(f"POST {stat} ({CONNECT_PROTO}, a missing path): the error was {body!r}")
+
+        start_url = wire.envd(sandbox, "/process.Process/Start")
+        start = process_pb2.StartRequest(process=process_pb2.ProcessConfig(cmd="/bin/echo", args=["proto"]))
+        streamed = wire.http.post(
+            start_url,
+            content=encode_envelope(start.SerializeToString()),
+            headers=_stream_headers(created, CONNECT_STREAM_PROTO),
+        )
+        wire.expect(streamed, 200)
+        if not streamed.headers.get("content-type", "").startswith(CONNECT_STREAM_PROTO):
+            raise WireMismatchError(f"POST {start_url}: answered {streamed.headers.get('content-type')!r}")
+        try:
+            envelopes = decode_envelopes(streamed.content)
+        except EnvelopeError as exc:
+            raise WireMismatchError(f"POST {start_url} ({CONNECT_STREAM_PROTO}): {exc}") from None
+        kinds = []
+        for envelope in envelopes:
+            if envelope.end_stream:
+                end = json.loads(envelope.payload or b"{}")
+                kinds.append("end-of-stream" if not end.get("error") else f"error:{end['error'].get('code')}")
+                continue
+            event = process_pb2.StartResponse.FromString(envelope.payload).event
+            kind = event.WhichOneof("event")
+            kinds.append(f"data:{event.data.stdout.decode().strip()}" if kind == "data" else str(kind))
+        expected = ["start", "data:proto", "end", "end-of-stream"]
+        if [kind for kind in kinds if kind != "keepalive"] != expected:
+            raise WireMismatchError(
+                f"POST {start_url} ({CONNECT_STREAM_PROTO}): the events were {kinds}, not {expected}"
+            )
+
+
 def killed_is_502(wire: Wire) -> None:
     with wire.sandbox() as created:
         health = wire.envd(created["sandboxID"], "/health")
@@ -390,6 +451,7 @@ WIRE_CASES: tuple[WireCase, ...] = (
     WireCase("wire/control/pause-twice", (*LIFE, "control.sandboxes.pause"), pause_twice),
     WireCase("wire/envd/process-stream", (*LIFE, "envd.process.Start"), process_stream),
     WireCase("wire/envd/killed-is-502", (*LIFE, "envd.http.health"), killed_is_502),
+    WireCase("wire/envd/protobuf-codec", (*LIFE, "envd.filesystem.Stat", "envd.process.Start"), protobuf_codec),
     WireCase(
         "wire/envd/stream-input",
         (*LIFE, "envd.process.Start", "envd.process.StreamInput", "envd.process.CloseStdin"),

@@ -550,12 +550,16 @@ class OciBackend:
                 continue
             self._release(record)
             cleaned.append(record.sandbox_id)
-        leases = self._addresses.leases()
-        for lease in leases:  # this backend's leases that no sandbox of its own holds any more
-            if lease.owner == self._owner and (str(lease.subnet), lease.key) not in kept_subnets:
+        others = set()
+        for lease in self._addresses.leases():
+            if lease.owner == self._owner:  # a lease of ours that no sandbox of ours holds any more
+                stale = (str(lease.subnet), lease.key) not in kept_subnets
+            else:  # another backend's, whose state folder is gone (a test's, a deleted data folder)
+                stale = not (Path(lease.owner) / "sandboxes").is_dir()
+                if not stale:  # its sandboxes have namespaces of the same prefix: not orphans
+                    others.add(_network.NETNS_PREFIX + lease.key)
+            if stale:
                 self._addresses.release(lease.subnet, lease.owner, lease.key)
-        # Another server's sandboxes on this host have namespaces of the same prefix: not orphans.
-        others = {_network.NETNS_PREFIX + lease.key for lease in leases if lease.owner != self._owner}
         for netns in _network.list_owned():
             if netns not in known_netns and netns not in others:
                 # Names derive from the sandbox id alone; any subnet gives the same names to remove.

@@ -301,3 +301,13 @@ def test_reconcile_leaves_another_servers_networks_alone(
     assert _network.NETNS_PREFIX + "theirs1" not in report.cleaned
     assert [lease.key for lease in registry.leases()] == ["theirs1"]
     assert stale not in {lease.subnet for lease in registry.leases()}
+
+
+def test_reconcile_ends_the_leases_of_a_backend_whose_folder_is_gone(
+    tmp_path: Path, no_host: None, template: Template
+) -> None:
+    registry = _addresses.AddressRegistry()
+    registry.allocate(str(tmp_path / "deleted-long-ago"), "lost")  # a server killed, its data folder removed
+    mine = MemoryOciBackend(tmp_path / "mine", templates=[template])
+    run(mine.reconcile())
+    assert registry.leases() == []
