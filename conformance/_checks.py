@@ -503,3 +503,72 @@ def interpreter_private_traffic(r: dict[str, Any], work: str) -> None:
         raise AssertionError(f"/health answered {r['with_body']!r}, not JSON") from None
     assert body == "OK", body
     assert r["run"] == "2", "run_code sends the traffic token itself"
+
+
+NETWORK_CREATED = {
+    "internet": False,
+    "allow_out": ["10.91.0.0/16"],
+    "deny_out": ["10.92.0.0/16"],
+    "public": False,
+    "mask": "${PORT}-masked.example",
+}
+
+
+def sandbox_network_settings(r: dict[str, Any], work: str) -> None:
+    assert r["created"] == NETWORK_CREATED, f"get_info after create reported {r['created']}"
+    assert r["served"] is True, "the server inside never answered through the edge with the traffic token"
+    headers = r["headers"]
+    assert headers.get("host") == "8001-masked.example", f"the server inside saw Host {headers.get('host')!r}"
+    assert "e2b-traffic-access-token" not in headers, "the edge passed the traffic token into the sandbox"
+    assert r["without_token"] == 403, f"a private sandbox's port answered {r['without_token']} without the token"
+    # update_network replaces the egress lists: the deny list it left out is cleared.
+    expected = {**NETWORK_CREATED, "internet": True, "allow_out": ["10.93.0.0/16"], "deny_out": []}
+    assert r["updated"] == expected, f"get_info after update_network reported {r['updated']}"
+
+
+def sandbox_on_timeout(r: dict[str, Any], work: str) -> None:
+    assert r["lifecycle"] == {"on_timeout": "pause", "auto_resume": False}, f"lifecycle reported {r['lifecycle']}"
+    assert r["memory_paused"] is True, "on_timeout pause: the sandbox was not paused at its timeout"
+    assert r["file"] == "kept", "files survive the timeout's pause"
+    assert r["memory_process_kept"] is True, "a memory pause keeps processes"
+    assert r["remaining_ok"] is True, "connect(timeout=60) did not set the sandbox's end to about 60 s away"
+    assert r["disk_paused"] is True, "keep_memory False: the sandbox was not paused at its timeout"
+    assert r["disk_process_gone"] is True, "a filesystem-only pause resumes with a fresh boot: no old processes"
+    assert r["woken_paused"] == "paused"
+    assert r["woken_output"] == "woken\n", "auto_resume: traffic to the paused sandbox did not resume it"
+    assert r["woken_state"] == "running"
+
+
+def sandbox_owners_every_operation(r: dict[str, Any], work: str) -> None:
+    answers = r["answers"]
+    for name in ("get_info", "set_timeout", "update_network", "get_metrics", "pause", "create_snapshot", "connect"):
+        assert answers[name] in NOT_FOUND, f"{name} with another owner's key answered {answers[name]!r}, not not-found"
+    for name in ("kill", "delete_snapshot"):
+        assert answers[name] is False, f"{name} with another owner's key answered {answers[name]!r}, not False"
+    assert r["listed_for_other"] is False, "another owner's list shows the sandbox"
+    assert r["snapshots_for_other"] == [], "another owner's snapshot list shows this owner's snapshot"
+    assert r["snapshot_kept"] is True, "this owner's snapshot is gone"
+    assert r["still_running"] is True, "this owner's sandbox is no longer running"
+    assert r["timeout_kept"] is True, "another owner's set_timeout changed this owner's sandbox"
+
+
+def sandbox_users_and_tokens(r: dict[str, Any], work: str) -> None:
+    assert r["as_root"] == {
+        "make_dir": True,
+        "write": "/root/made/f.txt",
+        "read": "secret",
+        "list": ["f.txt"],
+        "stat": 6,
+        "rename": "/root/made/g.txt",
+        "removed": True,
+    }, f"as root: {r['as_root']}"
+    refused = {name: error for name, error in r["as_user"].items() if error is None}
+    assert not refused, f"the default user was allowed into /root: {sorted(refused)}"
+    assert r["owners"] == ["user", "root"], f"files written as the default user and as root are owned by {r['owners']}"
+    assert r["whoami"] == ["root\n", "user\n"]
+    assert r["secure_without_token"] == dict.fromkeys(("download", "upload", "list", "stat"), 401), (
+        f"a secure sandbox's envd answered without its token: {r['secure_without_token']}"
+    )
+    assert r["public_without_token"] == dict.fromkeys(("download", "upload", "list", "stat"), 200), (
+        f"a sandbox created with secure=False refused requests without a token: {r['public_without_token']}"
+    )

@@ -25,7 +25,7 @@ from typing import Any
 from contract import Operation, load_inventory
 
 from ._model import CaseResult, Outcome
-from ._report import CellOutcome, Coverage
+from ._coverage import CellOutcome, Coverage
 
 __all__ = [
     "GATE_POLICY_PATH",

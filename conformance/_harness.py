@@ -10,6 +10,7 @@ report (they still run). A rich progress bar shows where the run is.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import subprocess
 import threading
@@ -90,6 +91,11 @@ def _selected(plan: RunPlan) -> list[tuple[ClientSet, Case, str]]:
 
 
 def _run_one(plan: RunPlan, clients: ClientSet, case: Case, flavour: str) -> CaseResult:
+    # Every outcome carries the fields the case covers: a failing case makes them red too.
+    return dataclasses.replace(_outcome(plan, clients, case, flavour), fields=case.fields)
+
+
+def _outcome(plan: RunPlan, clients: ClientSet, case: Case, flavour: str) -> CaseResult:
     info = clients.info(flavour, case.family)
     if clients.python is None or clients.node is None:
         return CaseResult(case.name, info, Outcome.SKIP, 0.0, case.operations, reason="client not installed")

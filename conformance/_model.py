@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["REPORT_SCHEMA_VERSION", "CaseResult", "ClientInfo", "Outcome", "RunInfo", "Target"]
 
-REPORT_SCHEMA_VERSION = "1.0"
+REPORT_SCHEMA_VERSION = "1.1"
 
 
 class Outcome(enum.Enum):
@@ -58,6 +58,9 @@ class CaseResult:
     reason: str = ""  # for unsupported / known-fail / skip
     upstream: str = ""  # for unsupported: what the upstream service answers
     traces: tuple[str, ...] = ()  # "client:case:stage" lines the scenario printed
+    # request field ids ("<operation>:<key>", contract.load_fields) whose effect the case's check
+    # shows, or that a declared-unsupported feature names
+    fields: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

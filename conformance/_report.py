@@ -1,8 +1,7 @@
-"""Compatibility reports: the coverage matrix, and report.json, report.junit.xml and report.md.
+"""Compatibility reports: report.json, report.junit.xml and report.md, written from a run and its coverage.
 
-A run's results (``_model.RunInfo``) are folded onto the contract inventory: for every operation
-and client flavour, the worst outcome among the cases covering it (so "green" means every covering
-case was green) or "gap" when no case covers it. The report then exists in three forms:
+A run's results (``_model.RunInfo``) folded onto the contract's operations and fields
+(``_coverage.Coverage``) are written in three forms:
 
 - ``report.json``: canonical JSON (sorted keys, UTF-8, two-space indent, one final newline, results
   in a fixed order), so the same run always gives the same bytes; these bytes are what
@@ -17,7 +16,6 @@ lone surrogates are written as ``\\udcxx`` escapes instead of failing the write.
 
 from __future__ import annotations
 
-import enum
 import itertools
 import json
 import os
@@ -31,23 +29,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._coverage import CellOutcome, Coverage, first_line, ordered_flavours
 from ._model import REPORT_SCHEMA_VERSION, CaseResult, ClientInfo, Outcome, RunInfo
 
-if TYPE_CHECKING:  # annotations only: _gate imports this module at run time
+if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    from contract import Operation
 
     from ._gate import GateResult, KnownFailure
 
 __all__ = [
-    "FLAVOUR_ORDER",
     "REPORT_SCHEMA_PATH",
-    "Cell",
-    "CellOutcome",
-    "Coverage",
     "ReportFiles",
-    "coverage",
     "default_report_directory",
     "report_document",
     "to_json",
@@ -58,132 +50,9 @@ __all__ = [
 
 REPORT_SCHEMA_PATH = Path(__file__).resolve().parent / "report.schema.json"
 
-# Columns come in this order; flavours not listed here follow, sorted.
-FLAVOUR_ORDER = ("py-sync", "py-async", "js")
-
 REPORT_JSON = "report.json"
 REPORT_JUNIT = "report.junit.xml"
 REPORT_MARKDOWN = "report.md"
-
-
-class CellOutcome(enum.Enum):
-    """The outcome of one operation for one client flavour: a case outcome, or no case at all."""
-
-    PASS = "pass"  # noqa: S105 - an outcome, not a password
-    FIXED = "fixed"
-    UNSUPPORTED = "unsupported"
-    SKIP = "skip"
-    KNOWN_FAIL = "known-fail"
-    FAIL = "fail"
-    GAP = "gap"
-
-    @property
-    def green(self) -> bool:
-        return self in (CellOutcome.PASS, CellOutcome.FIXED)
-
-
-# Worst first. A cell takes the worst outcome among its cases: one failing case makes the operation
-# red, and a skipped case means the operation was not fully shown to work, however the others went.
-_SEVERITY = (Outcome.FAIL, Outcome.KNOWN_FAIL, Outcome.SKIP, Outcome.UNSUPPORTED, Outcome.FIXED, Outcome.PASS)
-
-
-@dataclass(frozen=True)
-class Cell:
-    operation: str
-    flavour: str
-    outcome: CellOutcome
-    cases: tuple[str, ...]  # every case (of this flavour) that covers the operation, sorted
-    detail: str  # why it is not green: the failing cases and their first lines, or "no case covers it"
-    reason: str = ""  # unsupported / known-fail / skip: the declared reasons
-    upstream: str = ""  # unsupported: what the upstream service answers instead
-
-
-@dataclass(frozen=True)
-class Coverage:
-    """Inventory operations by client flavours, for one run (one backend)."""
-
-    operations: tuple[str, ...]  # inventory order
-    flavours: tuple[str, ...]  # column order
-    cells: Mapping[tuple[str, str], Cell]  # (operation, flavour) → cell; every pair is present
-    gaps: tuple[str, ...]  # operations that no case covers, for any flavour
-    unknown_operations: tuple[str, ...]  # ids that cases name but the inventory does not have (a typo, or drift)
-
-    def cell(self, operation: str, flavour: str) -> Cell | None:
-        return self.cells.get((operation, flavour))
-
-
-def coverage(
-    results: Iterable[CaseResult], inventory: Sequence[Operation], *, flavours: Iterable[str] = ()
-) -> Coverage:
-    """Fold ``results`` onto ``inventory``: one cell per (operation, flavour).
-
-    Columns are the flavours that have results plus ``flavours`` (those a gate or the runner
-    expects even when none of their cases ran, so that they show up as gaps rather than vanish).
-    """
-    results = tuple(results)
-    operation_ids = tuple(op.id for op in inventory)
-    known = set(operation_ids)
-    columns = _ordered_flavours({r.client.flavour for r in results} | set(flavours))
-    covering: dict[tuple[str, str], list[CaseResult]] = {}
-    for result in results:
-        for operation in result.operations:
-            covering.setdefault((operation, result.client.flavour), []).append(result)
-    cells = {
-        (operation, flavour): _cell(operation, flavour, covering.get((operation, flavour), []))
-        for operation in operation_ids
-        for flavour in columns
-    }
-    covered = {operation for operation, _ in covering}
-    return Coverage(
-        operations=operation_ids,
-        flavours=columns,
-        cells=cells,
-        gaps=tuple(op for op in operation_ids if op not in covered),
-        unknown_operations=tuple(sorted(covered - known)),
-    )
-
-
-def _ordered_flavours(flavours: Iterable[str]) -> tuple[str, ...]:
-    present = set(flavours)
-    return tuple(f for f in FLAVOUR_ORDER if f in present) + tuple(sorted(present - set(FLAVOUR_ORDER)))
-
-
-def _cell(operation: str, flavour: str, covering: list[CaseResult]) -> Cell:
-    if not covering:
-        return Cell(operation, flavour, CellOutcome.GAP, (), "no case covers it")
-    cases = tuple(sorted({r.case for r in covering}))
-    worst = min((r.outcome for r in covering), key=_SEVERITY.index)
-    those = sorted((r for r in covering if r.outcome is worst), key=lambda r: r.case)
-    reason = _distinct(r.reason for r in those)
-    upstream = _distinct(r.upstream for r in those)
-    if worst is Outcome.FAIL:
-        detail = "; ".join(f"{r.case}: {_first_line(r.detail) or 'failed'}" for r in those)
-    elif worst is Outcome.KNOWN_FAIL:
-        detail = "; ".join(f"{r.case}: known failure: {r.reason or 'no reason given'}" for r in those)
-    elif worst is Outcome.SKIP:
-        detail = "; ".join(f"{r.case}: skipped: {r.reason or 'no reason given'}" for r in those)
-    elif worst is Outcome.UNSUPPORTED:
-        detail = f"declared unsupported: {reason or 'no reason given'}; upstream answers: {upstream or 'not stated'}"
-    else:
-        detail = ""
-    keep = worst in (Outcome.UNSUPPORTED, Outcome.KNOWN_FAIL, Outcome.SKIP)
-    return Cell(
-        operation,
-        flavour,
-        CellOutcome(worst.value),
-        cases,
-        detail,
-        reason=reason if keep else "",
-        upstream=upstream if worst is Outcome.UNSUPPORTED else "",
-    )
-
-
-def _distinct(texts: Iterable[str]) -> str:
-    return "; ".join(dict.fromkeys(t for t in texts if t))
-
-
-def _first_line(text: str) -> str:
-    return text.strip().split("\n", 1)[0].strip()
 
 
 # --- report.json ---
@@ -201,7 +70,7 @@ def _ordered_results(run: RunInfo) -> list[CaseResult]:
 
 def _ordered_clients(clients: Iterable[ClientInfo]) -> list[ClientInfo]:
     clients = set(clients)
-    rank = {flavour: index for index, flavour in enumerate(_ordered_flavours(c.flavour for c in clients))}
+    rank = {flavour: index for index, flavour in enumerate(ordered_flavours(c.flavour for c in clients))}
     return sorted(clients, key=lambda c: (rank[c.flavour], c.package, c.version))
 
 
@@ -224,6 +93,7 @@ def _result(result: CaseResult) -> dict[str, Any]:
         "reason": result.reason,
         "upstream": result.upstream,
         "traces": list(result.traces),
+        "fields": list(result.fields),
     }
 
 
@@ -245,6 +115,43 @@ def _operation_counts(cov: Coverage) -> dict[str, Counter[str]]:
     return counts
 
 
+def _field_counts(cov: Coverage) -> dict[str, Counter[str]]:
+    counts: dict[str, Counter[str]] = {flavour: Counter() for flavour in cov.flavours}
+    for (_, flavour), cell in cov.field_cells.items():
+        counts[flavour][cell.outcome.value] += 1
+    return counts
+
+
+def _score(cov: Coverage, flavour: str) -> dict[str, Any]:
+    score = cov.score(flavour)
+    return {
+        "fields_green": score.fields_green,
+        "fields_total": score.fields_total,
+        "field_coverage": round(score.field_coverage, 4),
+        "inventory_green": score.inventory_green,
+        "inventory_total": score.inventory_total,
+        "compatibility": round(score.compatibility, 4),
+    }
+
+
+def _field_rows(cov: Coverage) -> list[dict[str, Any]]:
+    rows = []
+    for field_id in cov.fields:
+        cells = {
+            flavour: {
+                "outcome": cell.outcome.value,
+                "cases": list(cell.cases),
+                "detail": cell.detail,
+                "reason": cell.reason,
+                "answer": cell.answer,
+            }
+            for flavour in cov.flavours
+            if (cell := cov.field_cell(field_id, flavour)) is not None
+        }
+        rows.append({"id": field_id, "cells": cells})
+    return rows
+
+
 def report_document(
     run: RunInfo, cov: Coverage, gate_result: GateResult, *, stale_known_failures: Sequence[KnownFailure] = ()
 ) -> dict[str, Any]:
@@ -254,6 +161,7 @@ def report_document(
     results = _ordered_results(run)
     case_counts = _case_counts(run, cov.flavours)
     operation_counts = _operation_counts(cov)
+    field_counts = _field_counts(cov)
     return {
         "schema_version": REPORT_SCHEMA_VERSION,
         "harness_version": run.harness_version,
@@ -272,8 +180,10 @@ def report_document(
             flavour: {
                 "cases": {o.value: case_counts[flavour][o.value] for o in Outcome},
                 "operations": {o.value: operation_counts.get(flavour, Counter())[o.value] for o in CellOutcome},
+                "fields": {o.value: field_counts.get(flavour, Counter())[o.value] for o in CellOutcome},
+                "score": _score(cov, flavour),
             }
-            for flavour in _ordered_flavours(case_counts)
+            for flavour in ordered_flavours(case_counts)
         },
         "coverage": {
             "backend": run.target.backend,
@@ -295,9 +205,11 @@ def report_document(
                 }
                 for operation in cov.operations
             ],
+            "fields": _field_rows(cov),
         },
         "gaps": list(cov.gaps),
         "unknown_operations": list(cov.unknown_operations),
+        "unknown_fields": list(cov.unknown_fields),
         "fixed": [
             {"case": r.case, "flavour": r.client.flavour, "reason": r.reason}
             for r in results
@@ -420,7 +332,7 @@ def _junit_case(suite: ET.Element, result: CaseResult) -> None:
     )
     operations = ", ".join(result.operations)
     if result.outcome is Outcome.FAIL:
-        failure = ET.SubElement(case, "failure", type="fail", message=_xml(_first_line(result.detail) or "failed"))
+        failure = ET.SubElement(case, "failure", type="fail", message=_xml(first_line(result.detail) or "failed"))
         failure.text = _xml(result.detail)
     elif result.outcome is Outcome.KNOWN_FAIL:
         skipped = ET.SubElement(case, "skipped", type="known-fail", message=_xml(f"known failure: {result.reason}"))
@@ -446,6 +358,7 @@ SYMBOLS = {
     CellOutcome.UNSUPPORTED: "➖",  # noqa: RUF001 - the symbol is meant
     CellOutcome.KNOWN_FAIL: "⚠️",
     CellOutcome.SKIP: "⏭️",
+    CellOutcome.LISTED: "📝",
     CellOutcome.GAP: "·",
 }
 
@@ -454,6 +367,11 @@ LEGEND = (
     "❌ a case failed · ⚠️ known failure (listed in known-failures.json) · "
     "➖ declared unsupported, and the endpoint gave the answer declared for that · "  # noqa: RUF001
     "⏭️ skipped (could not run here) · `·` gap: no case covers the operation"
+)
+
+FIELD_LEGEND = (
+    "Legend as above; 📝 listed in conformance/fields.json (why no case shows the effect, and what a "
+    "client gets); an empty cell: that client never sends the field."
 )
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#+!|~&])")
@@ -522,6 +440,7 @@ def to_markdown(
         "",
     ]
     lines += _gate_section(gate_result)
+    lines += _score_section(cov)
     lines += ["", f"## Operations by client (backend: {_md(target.backend)})", "", LEGEND, ""]
     lines += _table(
         ["operation", *columns],
@@ -529,7 +448,7 @@ def to_markdown(
     )
     lines += ["", "## Summary", "", "Cases per outcome:", ""]
     case_counts = _case_counts(run, cov.flavours)
-    flavours = _ordered_flavours(case_counts)
+    flavours = ordered_flavours(case_counts)
     lines += _table(
         ["client", *(o.value for o in Outcome), "total"],
         (
@@ -561,14 +480,74 @@ def to_markdown(
     if cov.unknown_operations:
         lines += ["", "Operation ids named by cases but missing from the inventory:", ""]
         lines += [f"- {_code(op)}" for op in cov.unknown_operations]
+    lines += _fields_not_green(cov)
     failures = [r for r in _ordered_results(run) if r.outcome is Outcome.FAIL]
     if failures:
         lines += ["", "## Failures", "", "First lines; report.json has the full details.", ""]
         lines += _table(
             ["case", "client", "detail"],
-            ([_code(r.case), _md(r.client.flavour), _md(_first_line(r.detail) or "failed")] for r in failures),
+            ([_code(r.case), _md(r.client.flavour), _md(first_line(r.detail) or "failed")] for r in failures),
         )
+    lines += _field_matrix(cov)
     return "\n".join(lines) + "\n"
+
+
+def _percent(green: int, total: int) -> str:
+    return f"{100 * green / total:.1f} % ({green}/{total})" if total else "n/a (0/0)"
+
+
+def _score_section(cov: Coverage) -> list[str]:
+    if not cov.fields:
+        return []
+    lines = [
+        "",
+        "## Scores",
+        "",
+        "Field coverage: the request fields of the operations a client sends (not declared unsupported) "
+        "whose effect a passing case shows. Compatibility score: everything the client sends "
+        "(operations and fields, declared-unsupported ones included) that is green.",
+        "",
+    ]
+    scores = {f: cov.score(f) for f in cov.flavours}
+    return lines + _table(
+        ["client", "field coverage", "compatibility score"],
+        (
+            [
+                _md(f),
+                _percent(scores[f].fields_green, scores[f].fields_total),
+                _percent(scores[f].inventory_green, scores[f].inventory_total),
+            ]
+            for f in cov.flavours
+        ),
+    )
+
+
+def _fields_not_green(cov: Coverage) -> list[str]:
+    if not cov.fields:
+        return []
+    lines = ["", "## Fields not shown to work", ""]
+    rows = [
+        [_code(field_id), _md(flavour), f"{SYMBOLS[cell.outcome]} {cell.outcome.value}", _md(cell.detail)]
+        for field_id in cov.fields
+        for flavour in cov.flavours
+        if (cell := cov.field_cell(field_id, flavour)) is not None and not cell.outcome.green
+    ]
+    if not rows:
+        return [*lines, "None."]
+    return lines + _table(["field", "client", "outcome", "why"], rows)
+
+
+def _field_matrix(cov: Coverage) -> list[str]:
+    if not cov.fields:
+        return []
+    lines = ["", "## Appendix: fields by client", "", FIELD_LEGEND, ""]
+    return lines + _table(
+        ["field", *(_md(f) for f in cov.flavours)],
+        (
+            [_code(field_id), *(SYMBOLS[c.outcome] if (c := cov.field_cell(field_id, f)) else "" for f in cov.flavours)]
+            for field_id in cov.fields
+        ),
+    )
 
 
 def _gate_section(gate_result: GateResult) -> list[str]:

@@ -31,17 +31,18 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from contract import load_inventory
+from contract import load_fields, load_inventory
 from contract.protocol import API_KEY_HEADER
 
 from ._clients import verify_node_clients, verify_python_clients
+from ._coverage import coverage, load_field_notes
 from ._endpoint import Endpoint, EndpointError, ExternalEndpoint, ManagedServer
 from ._gate import apply_known_failures, evaluate, load_known_failures, load_policy
 from ._harness import ClientSet, RunPlan, run_cases
 from ._model import CaseResult, ClientInfo, Outcome, RunInfo
 from ._properties import envd_runner, property_results
 from ._recorder import check_drift, fixture_path
-from ._report import coverage, write_report
+from ._report import write_report
 from ._schema_suite import control_plane_url, operation_ids, run_schemathesis
 from ._signing import load_or_create_signing_key
 from ._wire import run_wire_cases
@@ -105,6 +106,7 @@ def unsupported_results(
                 info = clients.info(flavour)
                 name = f"unsupported/{feature['name']}"
                 operations = tuple(feature["operations"])
+                fields = tuple(feature.get("fields", ()))
                 if matches:
                     results.append(
                         CaseResult(
@@ -115,11 +117,12 @@ def unsupported_results(
                             operations,
                             reason=feature["reason"],
                             upstream=upstream,
+                            fields=fields,
                         )
                     )
                 else:
                     detail = f"declared unsupported, but not with the upstream answer ({upstream}): {answered}"
-                    results.append(CaseResult(name, info, Outcome.FAIL, 0.0, operations, detail=detail))
+                    results.append(CaseResult(name, info, Outcome.FAIL, 0.0, operations, detail=detail, fields=fields))
     return results
 
 
@@ -262,7 +265,9 @@ def main_run(options: RunOptions) -> int:
             shutil.rmtree(data_dir, ignore_errors=True)
     applied = apply_known_failures(run.results, load_known_failures())
     run = replace(run, results=tuple(applied.results))
-    cov = coverage(run.results, load_inventory(), flavours=FLAVOURS)
+    cov = coverage(
+        run.results, load_inventory(), flavours=FLAVOURS, fields=load_fields(), field_notes=load_field_notes()
+    )
     gate = evaluate(cov, load_policy())
     files = write_report(
         options.output,

@@ -8,6 +8,8 @@ Everything here is derived from four pinned registry artifacts (see
   the message modules and Connect stubs generated from it;
 - ``derived/interpreter.json``: Code Interpreter routes and NDJSON message types;
 - ``derived/inventory.json``: every public operation with a stable id and SDK entry points;
+- ``_fields``: every request field of those operations (queries, JSON bodies, Connect message
+  fields, headers), enumerated from the documents above;
 - ``manifest.json``: versions and digests of all of the above.
 
 Exceptions (see ``_errors``)::
@@ -41,6 +43,7 @@ if _TYPE_CHECKING:
         LockFileError,
     )
     from ._fetch import ArtifactStore, Downloader, NpmDownloader, PipDownloader, VerifiedArtifact, default_cache_root
+    from ._fields import Field, flavour_reaches, load_fields
     from ._inventory import Operation, load_inventory
     from ._lock import Artifact, Lock, load_lock
 
@@ -69,6 +72,7 @@ _LAZY = {
         ("ArtifactStore", "Downloader", "NpmDownloader", "PipDownloader", "VerifiedArtifact", "default_cache_root"),
         "_fetch",
     ),
+    **dict.fromkeys(("Field", "flavour_reaches", "load_fields"), "_fields"),
     "Operation": "_inventory",
     "load_inventory": "_inventory",
     "Artifact": "_lock",
@@ -92,6 +96,7 @@ __all__ = [
     "Downloader",
     "DriftError",
     "ExtractionError",
+    "Field",
     "Lock",
     "LockFileError",
     "NpmDownloader",
@@ -101,7 +106,9 @@ __all__ = [
     "check",
     "compare",
     "default_cache_root",
+    "flavour_reaches",
     "generate",
+    "load_fields",
     "load_inventory",
     "load_lock",
     "write",

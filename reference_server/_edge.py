@@ -81,9 +81,17 @@ class Edge:
             ):
                 await _refuse(scope, send, 403, TRAFFIC_REFUSED)
                 return
+        if target.mask_request_host is not None and where.port != ENVD_PORT:
+            scope = _with_host(scope, target.mask_request_host.replace("${PORT}", str(where.port)))
         await self._proxy.forward(
             scope, receive, send, Upstream(target.host, where.port), drop_request_headers={TRAFFIC_HEADER}
         )
+
+
+def _with_host(scope: Scope, host: str) -> Scope:
+    """The scope with its Host replaced: a sandbox asked (maskRequestHost) that its servers see this one."""
+    headers = [(name, value) for name, value in scope["headers"] if name.lower() != b"host"]
+    return {**scope, "headers": [(b"host", host.encode("latin-1")), *headers]}
 
 
 async def _refuse(scope: Scope, send: Send, status: int, message: str) -> None:

@@ -122,6 +122,9 @@ class Target:
 
     host: str
     traffic_token: SealedToken | None
+    # The Host the sandbox's servers see on user ports ("${PORT}" replaced), when the create asked
+    # for one with network.maskRequestHost; None: the client's own Host.
+    mask_request_host: str | None = None
 
 
 class SandboxService:
@@ -574,7 +577,7 @@ class SandboxService:
                         return None
         if record is None or record.state != S.RUNNING or not record.details.address:
             return None
-        return Target(record.details.address, record.details.traffic_token)
+        return Target(record.details.address, record.details.traffic_token, record.details.network.mask_request_host)
 
     # -- the reaper ----------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ timeout, always an envd token): clients from 2.51 on send only what differs from
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from starlette.requests import Request
@@ -46,6 +47,23 @@ __all__ = [
 ]
 
 
+# Features the create and network bodies can ask for that this server does not have: refused
+# with a 400 that says so, rather than accepted and silently not applied.
+MCP_UNAVAILABLE = "MCP gateway is unavailable"
+RULES_UNAVAILABLE = "Network transform rules are unavailable"
+_HOST_MASK = re.compile(r"[!-~]{1,253}")  # printable ASCII without spaces: it becomes a Host header
+
+
+def _host_mask(value: object) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not _HOST_MASK.fullmatch(value):
+        raise ApiError(
+            400, "Invalid request body: network/maskRequestHost: must be a host name (printable ASCII, no spaces)"
+        )
+    return value
+
+
 def _integer(body: dict[str, Any], name: str, default: int) -> int:
     value = body.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int):
@@ -69,7 +87,11 @@ async def _create(request: Request, caller: Caller, *, default_timeout: int, def
     body = await read_json(request, "NewSandbox")
     if body.get("volumeMounts"):
         raise ApiError(400, "Volume mount is unavailable")
+    if body.get("mcp"):
+        raise ApiError(400, MCP_UNAVAILABLE)
     network = body.get("network") or {}
+    if network.get("rules"):
+        raise ApiError(400, RULES_UNAVAILABLE)
     opened = await caller.service.create(
         caller.owner,
         CreateRequest(
@@ -86,7 +108,7 @@ async def _create(request: Request, caller: Caller, *, default_timeout: int, def
                 allow_public_traffic=bool_field(network, "allowPublicTraffic", Defaults.ALLOW_PUBLIC_TRAFFIC),
                 allow_out=ranges(network.get("allowOut"), "network/allowOut"),
                 deny_out=ranges(network.get("denyOut"), "network/denyOut"),
-                mask_request_host=network.get("maskRequestHost") or None,
+                mask_request_host=_host_mask(network.get("maskRequestHost")),
             ),
         ),
     )
@@ -233,13 +255,17 @@ async def pause(request: Request, caller: Caller) -> Response:
 async def network(request: Request, caller: Caller) -> Response:
     check_query(request, ())
     body = await read_json(request, "SandboxNetworkUpdateConfig")
+    if body.get("rules"):
+        raise ApiError(400, RULES_UNAVAILABLE)
     internet = body.get("allow_internet_access")
+    # The update replaces the egress lists as a whole (the clients document it so): a list left
+    # out is cleared, not kept. Internet access left out keeps its setting.
     await caller.service.update_network(
         caller.owner,
         request.path_params["sandbox_id"],
         allow_internet_access=None if internet is None else bool(internet),
-        allow_out=None if "allowOut" not in body else ranges(body["allowOut"], "allowOut"),
-        deny_out=None if "denyOut" not in body else ranges(body["denyOut"], "denyOut"),
+        allow_out=ranges(body.get("allowOut"), "allowOut"),
+        deny_out=ranges(body.get("denyOut"), "denyOut"),
     )
     return no_content()
 

@@ -16,11 +16,13 @@ import pytest
 from conformance import _harness
 from conformance._cases import CASES, FAMILY_TEMPLATES, Case
 from conformance._clients import NodeClients, PythonClients
+from conformance._coverage import FLAVOUR_ORDER as FLAVOURS
+from conformance._coverage import load_field_notes
 from conformance._endpoint import ExternalEndpoint
 from conformance._harness import ClientSet, templates
 from conformance._model import ClientInfo, Outcome
 from conformance._scenarios import SCENARIOS, ScenarioRun, ScenarioRunner
-from contract import load_inventory
+from contract import load_fields, load_inventory
 
 SCRIPTS = {"py-sync": "py_sync.py", "py-async": "py_async.py", "js": "js.cjs"}
 # JS scenario tables: `'name': async (…) =>`, `'name': [options, async (…) =>]`, or `scenarios['name'] = …`.
@@ -141,3 +143,21 @@ def test_the_pinned_locks_name_both_clients() -> None:
     assert (pins["e2b"], pins["e2b-code-interpreter"]) == ("2.32.0", "2.8.1")
     node = json.loads((_node_lock(None) / "package.json").read_text(encoding="utf-8"))["dependencies"]
     assert (node["e2b"], node["@e2b/code-interpreter"]) == ("2.33.0", "2.6.1")
+
+
+def test_case_fields_are_contract_fields_of_the_case_s_own_operations() -> None:
+    fields = {field.id: field for field in load_fields()}
+    for case in CASES:
+        assert len(case.fields) == len(set(case.fields)), case.name
+        for field_id in case.fields:
+            assert field_id in fields, (case.name, field_id)
+            assert fields[field_id].operation in case.operations, (case.name, field_id)
+
+
+def test_a_field_listed_as_not_covered_is_uncovered_for_some_client_flavour() -> None:
+    """A note that every flavour's cases have made untrue must go (fields.json shrinks)."""
+    covered_everywhere = set.intersection(
+        *({field_id for case in CASES if flavour in case.flavours for field_id in case.fields} for flavour in FLAVOURS)
+    )
+    listed = {field_id for note in load_field_notes() for field_id in note.fields}
+    assert not covered_everywhere & listed, sorted(covered_everywhere & listed)

@@ -19,7 +19,7 @@ from conformance._gate import (
     load_policy,
 )
 from conformance._model import CaseResult, Outcome
-from conformance._report import CellOutcome, coverage
+from conformance._coverage import CellOutcome, coverage
 from tests.conformance.test_report import INVENTORY, result
 
 POLICY = load_policy(inventory=INVENTORY)

@@ -16,11 +16,10 @@ from hypothesis import strategies as st
 
 from conformance._gate import GatePolicy, GateResult, KnownFailure, evaluate, load_policy
 from conformance._model import REPORT_SCHEMA_VERSION, CaseResult, ClientInfo, Outcome, RunInfo, Target
+from conformance._coverage import CellOutcome, coverage
 from conformance._report import (
     LEGEND,
     REPORT_SCHEMA_PATH,
-    CellOutcome,
-    coverage,
     default_report_directory,
     to_json,
     to_junit,

@@ -307,6 +307,44 @@ async def test_network_update(plane: Plane) -> None:
     refused(await plane.client.put(f"/sandboxes/{sandbox_id}/network", json=update, headers=A), 409)
 
 
+async def test_a_network_update_replaces_the_egress_lists(plane: Plane) -> None:
+    """A list the update leaves out is cleared (as the clients document), internet access is kept."""
+    sandbox_id = (await plane.create())["sandboxID"]
+    first = {"allow_internet_access": False, "allowOut": ["10.0.0.0/8"], "denyOut": ["0.0.0.0/0"]}
+    await plane.client.put(f"/sandboxes/{sandbox_id}/network", json=first, headers=A)
+    await plane.client.put(f"/sandboxes/{sandbox_id}/network", json={"allowOut": ["10.1.0.0/16"]}, headers=A)
+    detail = (await plane.client.get(f"/sandboxes/{sandbox_id}", headers=A)).json()
+    assert detail["network"].get("allowOut") == ["10.1.0.0/16"]
+    assert detail["network"].get("denyOut", []) == []
+    assert detail["allowInternetAccess"] is False
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"mcp": {"github": {}}}, "MCP gateway is unavailable"),
+        ({"network": {"rules": {"example.com": [{}]}}}, "Network transform rules are unavailable"),
+        ({"network": {"maskRequestHost": "has space"}}, "maskRequestHost"),
+        ({"network": {"maskRequestHost": "h\u00e9"}}, "maskRequestHost"),
+    ],
+)
+async def test_create_refuses_what_it_cannot_honour_and_keeps_nothing(
+    plane: Plane, body: dict[str, object], message: str
+) -> None:
+    answer = await plane.client.post("/sandboxes", json={"templateID": "base", **body}, headers=A)
+    refused(answer, 400)
+    assert message in answer.json()["message"]
+    assert await plane.store.all() == []
+
+
+async def test_network_update_refuses_rules(plane: Plane) -> None:
+    sandbox_id = (await plane.create())["sandboxID"]
+    update = {"rules": {"example.com": [{}]}}
+    answer = await plane.client.put(f"/sandboxes/{sandbox_id}/network", json=update, headers=A)
+    refused(answer, 400)
+    assert "rules are unavailable" in answer.json()["message"]
+
+
 async def test_unknown_routes_and_methods_use_the_error_shape(plane: Plane) -> None:
     refused(await plane.client.get("/nothing-here", headers=A), 404)
     refused(await plane.client.patch("/sandboxes", headers=A), 405)

@@ -124,3 +124,15 @@ async def test_traffic_tokens_guard_user_ports_and_are_not_forwarded(
     assert "e2b-traffic-access-token" not in passed.json()["headers"]
     public = (await plane.create())["sandboxID"]
     assert (await edge.get(sandbox_url(upstream.port, public))).status_code == 200
+
+
+async def test_a_host_mask_is_what_servers_inside_see_on_user_ports(
+    edge: httpx.AsyncClient, plane: Plane, upstream: ServerThread
+) -> None:
+    created: dict[str, Any] = await plane.create(network={"maskRequestHost": "${PORT}-masked.example"})
+    passed = await edge.get(sandbox_url(upstream.port, created["sandboxID"]))
+    assert passed.status_code == 200
+    assert passed.json()["headers"]["host"] == f"{upstream.port}-masked.example"
+    unmasked = (await plane.create())["sandboxID"]
+    seen = (await edge.get(sandbox_url(upstream.port, unmasked))).json()["headers"]["host"]
+    assert seen.startswith(f"{upstream.port}-{unmasked}."), seen

@@ -30,6 +30,25 @@ function notFoundName(err) {
   throw err
 }
 
+// A server on port 8001 that answers with the headers it received, one "name: value" per line.
+const HEADER_ECHO = `import http.server
+
+
+class Echo(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = "\\n".join(f"{k.lower()}: {v}" for k, v in self.headers.items()).encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.ThreadingHTTPServer(("0.0.0.0", 8001), Echo).serve_forever()
+`
+
 const scenarios = {
   'sandbox/create-env-metadata': async () => {
     const sbx = await Sandbox.create({ envs: { FROM_CREATE: 'yes' }, metadata: { case: 'create', n: '1' }, timeoutMs: 120000 })
@@ -358,6 +377,218 @@ const scenarios = {
       return { sandboxes: await Promise.all(Array.from({ length: BURST }, (_, n) => one(n))) }
     } finally {
       await Promise.allSettled(made.map((sbx) => sbx.kill()))
+    }
+  },
+
+  // Network options at create and update: what getInfo reports, and what a server inside sees.
+  'sandbox/network-settings': async () => {
+    const sbx = await Sandbox.create({
+      timeoutMs: 120000,
+      allowInternetAccess: false,
+      network: {
+        allowOut: ['10.91.0.0/16'],
+        denyOut: ['10.92.0.0/16'],
+        allowPublicTraffic: false,
+        maskRequestHost: '${PORT}-masked.example',
+      },
+    })
+    const view = (info) => ({
+      internet: info.allowInternetAccess ?? null,
+      allow_out: info.network?.allowOut ?? [],
+      deny_out: info.network?.denyOut ?? [],
+      public: info.network?.allowPublicTraffic ?? null,
+      mask: info.network?.maskRequestHost ?? null,
+    })
+    try {
+      const created = view(await sbx.getInfo())
+      await sbx.files.write('/home/user/echo.py', HEADER_ECHO)
+      await sbx.commands.run('python3 /home/user/echo.py', { background: true })
+      const url = `https://${sbx.getHost(8001)}/`
+      let seen = ''
+      const ok = await waitUntil(async () => {
+        let response
+        try {
+          response = await fetch(url, {
+            headers: { 'E2B-Traffic-Access-Token': sbx.trafficAccessToken },
+            signal: AbortSignal.timeout(5000),
+          })
+          seen = await response.text()
+        } catch {
+          return false
+        }
+        return response.status === 200
+      })
+      const withoutToken = (await fetch(url, { signal: AbortSignal.timeout(5000) })).status
+      await sbx.updateNetwork({ allowOut: ['10.93.0.0/16'], allowInternetAccess: true })
+      const updated = view(await sbx.getInfo())
+      const headers = Object.fromEntries(
+        seen
+          .split('\n')
+          .filter((line) => line.includes(': '))
+          .map((line) => [line.slice(0, line.indexOf(': ')), line.slice(line.indexOf(': ') + 2)]),
+      )
+      return { created, served: ok, headers, without_token: withoutToken, updated }
+    } finally {
+      await sbx.kill()
+    }
+  },
+
+  // onTimeout "pause" (with and without memory), autoResume, and connect's new timeout.
+  'sandbox/lifecycle-on-timeout': async () => {
+    const state = async (id) => (await Sandbox.getInfo(id)).state
+    const memory = await Sandbox.create({ timeoutMs: 3000, lifecycle: { onTimeout: 'pause', autoResume: false } })
+    const disk = await Sandbox.create({
+      timeoutMs: 3000,
+      lifecycle: { onTimeout: { action: 'pause', keepMemory: false } },
+    })
+    const woken = await Sandbox.create({ timeoutMs: 120000, lifecycle: { onTimeout: 'pause', autoResume: true } })
+    try {
+      const lifecycle = (await memory.getInfo()).lifecycle
+      await memory.files.write('/home/user/kept.txt', 'kept')
+      const keptPid = (await memory.commands.run('sleep 600', { background: true })).pid
+      const diskPid = (await disk.commands.run('sleep 600', { background: true })).pid
+      const memoryPaused = await waitUntil(async () => (await state(memory.sandboxId)) === 'paused', 40)
+      const diskPaused = await waitUntil(async () => (await state(disk.sandboxId)) === 'paused', 40)
+      const again = await Sandbox.connect(memory.sandboxId, { timeoutMs: 60000 })
+      const info = await again.getInfo()
+      const remaining = (info.endAt.getTime() - Date.now()) / 1000
+      const diskAgain = await Sandbox.connect(disk.sandboxId, { timeoutMs: 60000 })
+      await woken.pause()
+      const wokenPaused = await state(woken.sandboxId)
+      const wokenOutput = (await woken.commands.run('echo woken')).stdout // traffic resumes it
+      return {
+        lifecycle: lifecycle ? { on_timeout: lifecycle.onTimeout, auto_resume: lifecycle.autoResume } : null,
+        memory_paused: memoryPaused,
+        file: await again.files.read('/home/user/kept.txt'),
+        memory_process_kept: (await again.commands.list()).some((p) => p.pid === keptPid),
+        remaining_ok: remaining > 40 && remaining <= 61,
+        disk_paused: diskPaused,
+        disk_process_gone: !(await diskAgain.commands.list()).some((p) => p.pid === diskPid),
+        woken_paused: wokenPaused,
+        woken_output: wokenOutput,
+        woken_state: await state(woken.sandboxId),
+      }
+    } finally {
+      await Promise.allSettled([memory, disk, woken].map((sbx) => sbx.kill()))
+    }
+  },
+
+  // Every control-plane operation, tried with another owner's key on this owner's sandbox.
+  'sandbox/owners-every-operation': async () => {
+    const apiKey = process.env.SECOND_API_KEY
+    if (!apiKey) throw new Error('SECOND_API_KEY is not set')
+    // What a call gave another owner: its value, or the name of the error it raised.
+    const answer = async (call) => {
+      let value
+      try {
+        value = await call()
+      } catch (e) {
+        if (!(e instanceof SandboxError)) throw e
+        return e.constructor.name
+      }
+      return typeof value === 'boolean' || value === undefined || value === null ? (value ?? null) : 'answered'
+    }
+    const sbx = await Sandbox.create({ timeoutMs: 120000 })
+    let snapshot = null
+    try {
+      snapshot = await sbx.createSnapshot()
+      const sid = sbx.sandboxId
+      const answers = {
+        get_info: await answer(() => Sandbox.getInfo(sid, { apiKey })),
+        set_timeout: await answer(() => Sandbox.setTimeout(sid, 5000, { apiKey })),
+        update_network: await answer(() => Sandbox.updateNetwork(sid, { allowOut: [] }, { apiKey })),
+        get_metrics: await answer(() => Sandbox.getMetrics(sid, { apiKey })),
+        pause: await answer(() => Sandbox.pause(sid, { apiKey })),
+        create_snapshot: await answer(() => Sandbox.createSnapshot(sid, { apiKey })),
+        connect: await answer(() => Sandbox.connect(sid, { apiKey })),
+        kill: await answer(() => Sandbox.kill(sid, { apiKey })),
+        delete_snapshot: await answer(() => Sandbox.deleteSnapshot(snapshot.snapshotId, { apiKey })),
+      }
+      const listed = (await Sandbox.list({ apiKey }).nextItems()).map((s) => s.sandboxId)
+      const snapshots = (await Sandbox.listSnapshots({ sandboxId: sid, apiKey }).nextItems()).map((s) => s.snapshotId)
+      const own = (await Sandbox.listSnapshots({ sandboxId: sid }).nextItems()).map((s) => s.snapshotId)
+      const info = await sbx.getInfo()
+      return {
+        answers,
+        listed_for_other: listed.includes(sid),
+        snapshots_for_other: snapshots,
+        snapshot_kept: own.includes(snapshot.snapshotId),
+        still_running: info.state === 'running',
+        timeout_kept: (info.endAt.getTime() - Date.now()) / 1000 > 60,
+      }
+    } finally {
+      await sbx.kill()
+      if (snapshot) await Sandbox.deleteSnapshot(snapshot.snapshotId)
+    }
+  },
+
+  // Who each request acts as (the user option), and the envd token a secure sandbox demands.
+  'sandbox/users-and-tokens': async () => {
+    const raised = async (call) => {
+      try {
+        await call()
+      } catch (e) {
+        return e.constructor.name
+      }
+      return null
+    }
+    const sbx = await Sandbox.create({ timeoutMs: 120000, secure: true })
+    const open = await Sandbox.create({ timeoutMs: 120000, secure: false })
+    try {
+      const files = sbx.files
+      const root = { user: 'root' }
+      const asRoot = {
+        make_dir: await files.makeDir('/root/made', root),
+        write: (await files.write('/root/made/f.txt', 'secret', root)).path,
+        read: await files.read('/root/made/f.txt', root),
+        list: (await files.list('/root/made', root)).map((e) => e.name),
+        stat: (await files.getInfo('/root/made/f.txt', root)).size,
+        rename: (await files.rename('/root/made/f.txt', '/root/made/g.txt', root)).path,
+      }
+      const asUser = {
+        make_dir: await raised(() => files.makeDir('/root/other')),
+        write: await raised(() => files.write('/root/made/h.txt', 'x')),
+        read: await raised(() => files.read('/root/made/g.txt')),
+        list: await raised(() => files.list('/root/made')),
+        rename: await raised(() => files.rename('/root/made/g.txt', '/home/user/g.txt')),
+        remove: await raised(() => files.remove('/root/made/g.txt')),
+      }
+      await files.remove('/root/made/g.txt', root)
+      asRoot.removed = !(await files.exists('/root/made/g.txt', root))
+      await files.write('/home/user/mine.txt', 'mine')
+      await files.write('/tmp/roots.txt', "root's", root)
+      const owners = (await sbx.commands.run('stat -c %U /home/user/mine.txt /tmp/roots.txt')).stdout.split(/\s+/).filter(Boolean)
+      const whoami = [(await sbx.commands.run('id -un', root)).stdout, (await sbx.commands.run('id -un')).stdout]
+      const raw = async (target) => {
+        const base = `https://${target.getHost(49983)}`
+        const rpc = { 'Content-Type': 'application/json', 'Connect-Protocol-Version': '1' }
+        const signal = () => AbortSignal.timeout(10000)
+        const form = new FormData()
+        form.append('file', new Blob(['x']), 'x')
+        return {
+          download: (await fetch(`${base}/files?path=%2Fetc%2Fhostname`, { signal: signal() })).status,
+          upload: (await fetch(`${base}/files?path=%2Ftmp%2Fx`, { method: 'POST', body: form, signal: signal() })).status,
+          list: (await fetch(`${base}/process.Process/List`, { method: 'POST', body: '{}', headers: rpc, signal: signal() })).status,
+          stat: (
+            await fetch(`${base}/filesystem.Filesystem/Stat`, {
+              method: 'POST',
+              body: JSON.stringify({ path: '/tmp' }),
+              headers: rpc,
+              signal: signal(),
+            })
+          ).status,
+        }
+      }
+      return {
+        as_root: asRoot,
+        as_user: asUser,
+        owners,
+        whoami,
+        secure_without_token: await raw(sbx),
+        public_without_token: await raw(open),
+      }
+    } finally {
+      await Promise.allSettled([sbx.kill(), open.kill()])
     }
   },
 }

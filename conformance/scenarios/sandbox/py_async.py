@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -340,6 +341,246 @@ async def _parallel_creates(work: str) -> dict[str, Any]:
 
 async def run(name: str, work: str) -> dict[str, Any]:
     return await SCENARIOS[name](work)
+
+
+# A server on port 8001 that answers with the headers it received, one "name: value" per line.
+HEADER_ECHO = """import http.server
+
+
+class Echo(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = "\\n".join(f"{k.lower()}: {v}" for k, v in self.headers.items()).encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.ThreadingHTTPServer(("0.0.0.0", 8001), Echo).serve_forever()
+"""
+
+
+def _network_view(info: Any) -> dict[str, Any]:
+    network = info.network or {}
+    return {
+        "internet": info.allow_internet_access,
+        "allow_out": network.get("allow_out") or [],
+        "deny_out": network.get("deny_out") or [],
+        "public": network.get("allow_public_traffic"),
+        "mask": network.get("mask_request_host"),
+    }
+
+
+@scenario("sandbox/network-settings")
+async def _network_settings(work: str) -> dict[str, Any]:
+    """Network options at create and update: what get_info reports, and what a server inside sees."""
+    sbx = await AsyncSandbox.create(
+        timeout=120,
+        allow_internet_access=False,
+        network={
+            "allow_out": ["10.91.0.0/16"],
+            "deny_out": ["10.92.0.0/16"],
+            "allow_public_traffic": False,
+            "mask_request_host": "${PORT}-masked.example",
+        },
+    )
+    try:
+        created = _network_view(await sbx.get_info())
+        await sbx.files.write("/home/user/echo.py", HEADER_ECHO)
+        await sbx.commands.run("python3 /home/user/echo.py", background=True)
+        url = f"https://{sbx.get_host(8001)}/"
+        seen = ""
+        async with httpx.AsyncClient(timeout=5) as http:
+
+            async def served() -> bool:
+                nonlocal seen
+                try:
+                    response = await http.get(url, headers={"E2B-Traffic-Access-Token": sbx.traffic_access_token})
+                except httpx.HTTPError:
+                    return False
+                seen = response.text
+                return response.status_code == 200
+
+            ok = await wait_until(served)
+            without_token = (await http.get(url)).status_code
+        await sbx.update_network({"allow_out": ["10.93.0.0/16"], "allow_internet_access": True})
+        updated = _network_view(await sbx.get_info())
+        headers = dict(line.split(": ", 1) for line in seen.splitlines() if ": " in line)
+        return {
+            "created": created,
+            "served": ok,
+            "headers": headers,
+            "without_token": without_token,
+            "updated": updated,
+        }
+    finally:
+        await sbx.kill()
+
+
+async def _state(sandbox_id: str) -> str:
+    return str((await AsyncSandbox.get_info(sandbox_id)).state.value)
+
+
+@scenario("sandbox/lifecycle-on-timeout")
+async def _on_timeout(work: str) -> dict[str, Any]:
+    """on_timeout "pause" (with and without memory), auto_resume, and connect's new timeout."""
+    memory = await AsyncSandbox.create(timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": False})
+    disk = await AsyncSandbox.create(timeout=3, lifecycle={"on_timeout": {"action": "pause", "keep_memory": False}})
+    woken = await AsyncSandbox.create(timeout=120, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        lifecycle = (await memory.get_info()).lifecycle
+        await memory.files.write("/home/user/kept.txt", "kept")
+        kept_pid = (await memory.commands.run("sleep 600", background=True)).pid
+        disk_pid = (await disk.commands.run("sleep 600", background=True)).pid
+
+        async def memory_paused() -> bool:
+            return await _state(memory.sandbox_id) == "paused"
+
+        async def disk_paused() -> bool:
+            return await _state(disk.sandbox_id) == "paused"
+
+        memory_was_paused = await wait_until(memory_paused, 40)
+        disk_was_paused = await wait_until(disk_paused, 40)
+        again = await AsyncSandbox.connect(memory.sandbox_id, timeout=60)
+        info = await again.get_info()
+        remaining = (info.end_at - datetime.now(UTC)).total_seconds()
+        disk_again = await AsyncSandbox.connect(disk.sandbox_id, timeout=60)
+        await woken.pause()
+        woken_paused = await _state(woken.sandbox_id)
+        woken_output = (await woken.commands.run("echo woken")).stdout  # traffic resumes it
+        return {
+            "lifecycle": dict(lifecycle) if lifecycle else None,
+            "memory_paused": memory_was_paused,
+            "file": await again.files.read("/home/user/kept.txt"),
+            "memory_process_kept": kept_pid in [p.pid for p in await again.commands.list()],
+            "remaining_ok": 40 < remaining <= 61,
+            "disk_paused": disk_was_paused,
+            "disk_process_gone": disk_pid not in [p.pid for p in await disk_again.commands.list()],
+            "woken_paused": woken_paused,
+            "woken_output": woken_output,
+            "woken_state": await _state(woken.sandbox_id),
+        }
+    finally:
+        for sbx in (memory, disk, woken):
+            await sbx.kill()
+
+
+async def _answer(call: Awaitable[Any]) -> Any:
+    """What a call gave another owner: its value, or the name of the error it raised."""
+    try:
+        value = await call
+    except SandboxException as exc:
+        return type(exc).__name__
+    return value if isinstance(value, bool) or value is None else "answered"
+
+
+@scenario("sandbox/owners-every-operation")
+async def _owners_every_operation(work: str) -> dict[str, Any]:
+    """Every control-plane operation, tried with another owner's key on this owner's sandbox."""
+    other = os.environ["SECOND_API_KEY"]
+    sbx = await AsyncSandbox.create(timeout=120)
+    snapshot = None
+    try:
+        snapshot = await sbx.create_snapshot()
+        sid = sbx.sandbox_id
+        answers = {
+            "get_info": await _answer(AsyncSandbox.get_info(sid, api_key=other)),
+            "set_timeout": await _answer(AsyncSandbox.set_timeout(sid, 5, api_key=other)),
+            "update_network": await _answer(AsyncSandbox.update_network(sid, {"allow_out": []}, api_key=other)),
+            "get_metrics": await _answer(AsyncSandbox.get_metrics(sid, api_key=other)),
+            "pause": await _answer(AsyncSandbox.pause(sid, api_key=other)),
+            "create_snapshot": await _answer(AsyncSandbox.create_snapshot(sid, api_key=other)),
+            "connect": await _answer(AsyncSandbox.connect(sid, api_key=other)),
+            "kill": await _answer(AsyncSandbox.kill(sid, api_key=other)),
+            "delete_snapshot": await _answer(AsyncSandbox.delete_snapshot(snapshot.snapshot_id, api_key=other)),
+        }
+        listed = [s.sandbox_id for s in await AsyncSandbox.list(api_key=other).next_items()]
+        snapshots = [
+            s.snapshot_id for s in await AsyncSandbox.list_snapshots(sandbox_id=sid, api_key=other).next_items()
+        ]
+        own_snapshots = [s.snapshot_id for s in await AsyncSandbox.list_snapshots(sandbox_id=sid).next_items()]
+        info = await sbx.get_info()
+        return {
+            "answers": answers,
+            "listed_for_other": sid in listed,
+            "snapshots_for_other": snapshots,
+            "snapshot_kept": snapshot.snapshot_id in own_snapshots,
+            "still_running": info.state.value == "running",
+            "timeout_kept": (info.end_at - datetime.now(UTC)).total_seconds() > 60,
+        }
+    finally:
+        await sbx.kill()
+        if snapshot is not None:
+            await AsyncSandbox.delete_snapshot(snapshot.snapshot_id)
+
+
+async def _raised(call: Awaitable[Any]) -> str | None:
+    try:
+        await call
+    except SandboxException as exc:
+        return type(exc).__name__
+    return None
+
+
+@scenario("sandbox/users-and-tokens")
+async def _users_and_tokens(work: str) -> dict[str, Any]:
+    """Who each request acts as (the user option), and the envd token a secure sandbox demands."""
+    sbx = await AsyncSandbox.create(timeout=120, secure=True)
+    public = await AsyncSandbox.create(timeout=120, secure=False)
+    try:
+        files = sbx.files
+        as_root: dict[str, Any] = {
+            "make_dir": await files.make_dir("/root/made", user="root"),
+            "write": (await files.write("/root/made/f.txt", "secret", user="root")).path,
+            "read": await files.read("/root/made/f.txt", user="root"),
+            "list": [e.name for e in await files.list("/root/made", user="root")],
+            "stat": (await files.get_info("/root/made/f.txt", user="root")).size,
+            "rename": (await files.rename("/root/made/f.txt", "/root/made/g.txt", user="root")).path,
+        }
+        as_user = {
+            "make_dir": await _raised(files.make_dir("/root/other")),
+            "write": await _raised(files.write("/root/made/h.txt", "x")),
+            "read": await _raised(files.read("/root/made/g.txt")),
+            "list": await _raised(files.list("/root/made")),
+            "rename": await _raised(files.rename("/root/made/g.txt", "/home/user/g.txt")),
+            "remove": await _raised(files.remove("/root/made/g.txt")),
+        }
+        await files.remove("/root/made/g.txt", user="root")
+        as_root["removed"] = not await files.exists("/root/made/g.txt", user="root")
+        await files.write("/home/user/mine.txt", "mine")
+        await files.write("/tmp/roots.txt", "root's", user="root")
+        owners = (await sbx.commands.run("stat -c %U /home/user/mine.txt /tmp/roots.txt")).stdout.split()
+        whoami = [(await sbx.commands.run("id -un", user="root")).stdout, (await sbx.commands.run("id -un")).stdout]
+
+        async def raw(target: AsyncSandbox) -> dict[str, int]:
+            base = f"https://{target.get_host(49983)}"
+            rpc = {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
+            async with httpx.AsyncClient(timeout=10) as http:
+                return {
+                    "download": (await http.get(f"{base}/files", params={"path": "/etc/hostname"})).status_code,
+                    "upload": (
+                        await http.post(f"{base}/files", params={"path": "/tmp/x"}, files={"file": b"x"})
+                    ).status_code,
+                    "list": (await http.post(f"{base}/process.Process/List", json={}, headers=rpc)).status_code,
+                    "stat": (
+                        await http.post(f"{base}/filesystem.Filesystem/Stat", json={"path": "/tmp"}, headers=rpc)
+                    ).status_code,
+                }
+
+        return {
+            "as_root": as_root,
+            "as_user": as_user,
+            "owners": owners,
+            "whoami": whoami,
+            "secure_without_token": await raw(sbx),
+            "public_without_token": await raw(public),
+        }
+    finally:
+        await sbx.kill()
+        await public.kill()
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -315,6 +316,235 @@ def _parallel_creates(work: str) -> dict[str, Any]:
     finally:
         for sbx in made:
             sbx.kill()
+
+
+# A server on port 8001 that answers with the headers it received, one "name: value" per line.
+HEADER_ECHO = """import http.server
+
+
+class Echo(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = "\\n".join(f"{k.lower()}: {v}" for k, v in self.headers.items()).encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.ThreadingHTTPServer(("0.0.0.0", 8001), Echo).serve_forever()
+"""
+
+
+def _network_view(info: Any) -> dict[str, Any]:
+    network = info.network or {}
+    return {
+        "internet": info.allow_internet_access,
+        "allow_out": network.get("allow_out") or [],
+        "deny_out": network.get("deny_out") or [],
+        "public": network.get("allow_public_traffic"),
+        "mask": network.get("mask_request_host"),
+    }
+
+
+@scenario("sandbox/network-settings")
+def _network_settings(work: str) -> dict[str, Any]:
+    """Network options at create and update: what get_info reports, and what a server inside sees."""
+    sbx = Sandbox.create(
+        timeout=120,
+        allow_internet_access=False,
+        network={
+            "allow_out": ["10.91.0.0/16"],
+            "deny_out": ["10.92.0.0/16"],
+            "allow_public_traffic": False,
+            "mask_request_host": "${PORT}-masked.example",
+        },
+    )
+    try:
+        created = _network_view(sbx.get_info())
+        sbx.files.write("/home/user/echo.py", HEADER_ECHO)
+        sbx.commands.run("python3 /home/user/echo.py", background=True)
+        url = f"https://{sbx.get_host(8001)}/"
+        seen = ""
+
+        def served() -> bool:
+            nonlocal seen
+            try:
+                response = httpx.get(url, headers={"E2B-Traffic-Access-Token": sbx.traffic_access_token}, timeout=5)
+            except httpx.HTTPError:
+                return False
+            seen = response.text
+            return response.status_code == 200
+
+        ok = wait_until(served)
+        without_token = httpx.get(url, timeout=5).status_code
+        sbx.update_network({"allow_out": ["10.93.0.0/16"], "allow_internet_access": True})
+        updated = _network_view(sbx.get_info())
+        headers = dict(line.split(": ", 1) for line in seen.splitlines() if ": " in line)
+        return {
+            "created": created,
+            "served": ok,
+            "headers": headers,
+            "without_token": without_token,
+            "updated": updated,
+        }
+    finally:
+        sbx.kill()
+
+
+def _state(sandbox_id: str) -> str:
+    return str(Sandbox.get_info(sandbox_id).state.value)
+
+
+@scenario("sandbox/lifecycle-on-timeout")
+def _on_timeout(work: str) -> dict[str, Any]:
+    """on_timeout "pause" (with and without memory), auto_resume, and connect's new timeout."""
+    memory = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": False})
+    disk = Sandbox.create(timeout=3, lifecycle={"on_timeout": {"action": "pause", "keep_memory": False}})
+    woken = Sandbox.create(timeout=120, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        lifecycle = memory.get_info().lifecycle
+        memory.files.write("/home/user/kept.txt", "kept")
+        kept_pid = memory.commands.run("sleep 600", background=True).pid
+        disk_pid = disk.commands.run("sleep 600", background=True).pid
+        memory_paused = wait_until(lambda: _state(memory.sandbox_id) == "paused", 40)
+        disk_paused = wait_until(lambda: _state(disk.sandbox_id) == "paused", 40)
+        again = Sandbox.connect(memory.sandbox_id, timeout=60)
+        info = again.get_info()
+        remaining = (info.end_at - datetime.now(UTC)).total_seconds()
+        disk_again = Sandbox.connect(disk.sandbox_id, timeout=60)
+        woken.pause()
+        woken_paused = _state(woken.sandbox_id)
+        woken_output = woken.commands.run("echo woken").stdout  # traffic resumes it
+        return {
+            "lifecycle": dict(lifecycle) if lifecycle else None,
+            "memory_paused": memory_paused,
+            "file": again.files.read("/home/user/kept.txt"),
+            "memory_process_kept": kept_pid in [p.pid for p in again.commands.list()],
+            "remaining_ok": 40 < remaining <= 61,
+            "disk_paused": disk_paused,
+            "disk_process_gone": disk_pid not in [p.pid for p in disk_again.commands.list()],
+            "woken_paused": woken_paused,
+            "woken_output": woken_output,
+            "woken_state": _state(woken.sandbox_id),
+        }
+    finally:
+        for sbx in (memory, disk, woken):
+            sbx.kill()
+
+
+def _answer(call: Callable[[], Any]) -> Any:
+    """What a call gave another owner: its value, or the name of the error it raised."""
+    try:
+        value = call()
+    except SandboxException as exc:
+        return type(exc).__name__
+    return value if isinstance(value, bool) or value is None else "answered"
+
+
+@scenario("sandbox/owners-every-operation")
+def _owners_every_operation(work: str) -> dict[str, Any]:
+    """Every control-plane operation, tried with another owner's key on this owner's sandbox."""
+    other = os.environ["SECOND_API_KEY"]
+    sbx = Sandbox.create(timeout=120)
+    snapshot = None
+    try:
+        snapshot = sbx.create_snapshot()
+        sid = sbx.sandbox_id
+        answers = {
+            "get_info": _answer(lambda: Sandbox.get_info(sid, api_key=other)),
+            "set_timeout": _answer(lambda: Sandbox.set_timeout(sid, 5, api_key=other)),
+            "update_network": _answer(lambda: Sandbox.update_network(sid, {"allow_out": []}, api_key=other)),
+            "get_metrics": _answer(lambda: Sandbox.get_metrics(sid, api_key=other)),
+            "pause": _answer(lambda: Sandbox.pause(sid, api_key=other)),
+            "create_snapshot": _answer(lambda: Sandbox.create_snapshot(sid, api_key=other)),
+            "connect": _answer(lambda: Sandbox.connect(sid, api_key=other)),
+            "kill": _answer(lambda: Sandbox.kill(sid, api_key=other)),
+            "delete_snapshot": _answer(lambda: Sandbox.delete_snapshot(snapshot.snapshot_id, api_key=other)),
+        }
+        listed = [s.sandbox_id for s in Sandbox.list(api_key=other).next_items()]
+        snapshots = [s.snapshot_id for s in Sandbox.list_snapshots(sandbox_id=sid, api_key=other).next_items()]
+        own_snapshots = [s.snapshot_id for s in Sandbox.list_snapshots(sandbox_id=sid).next_items()]
+        info = sbx.get_info()
+        return {
+            "answers": answers,
+            "listed_for_other": sid in listed,
+            "snapshots_for_other": snapshots,
+            "snapshot_kept": snapshot.snapshot_id in own_snapshots,
+            "still_running": info.state.value == "running",
+            "timeout_kept": (info.end_at - datetime.now(UTC)).total_seconds() > 60,
+        }
+    finally:
+        sbx.kill()
+        if snapshot is not None:
+            Sandbox.delete_snapshot(snapshot.snapshot_id)
+
+
+def _raised(call: Callable[[], Any]) -> str | None:
+    try:
+        call()
+    except SandboxException as exc:
+        return type(exc).__name__
+    return None
+
+
+@scenario("sandbox/users-and-tokens")
+def _users_and_tokens(work: str) -> dict[str, Any]:
+    """Who each request acts as (the user option), and the envd token a secure sandbox demands."""
+    sbx = Sandbox.create(timeout=120, secure=True)
+    public = Sandbox.create(timeout=120, secure=False)
+    try:
+        files = sbx.files
+        as_root: dict[str, Any] = {
+            "make_dir": files.make_dir("/root/made", user="root"),
+            "write": files.write("/root/made/f.txt", "secret", user="root").path,
+            "read": files.read("/root/made/f.txt", user="root"),
+            "list": [e.name for e in files.list("/root/made", user="root")],
+            "stat": files.get_info("/root/made/f.txt", user="root").size,
+            "rename": files.rename("/root/made/f.txt", "/root/made/g.txt", user="root").path,
+        }
+        as_user = {
+            "make_dir": _raised(lambda: files.make_dir("/root/other")),
+            "write": _raised(lambda: files.write("/root/made/h.txt", "x")),
+            "read": _raised(lambda: files.read("/root/made/g.txt")),
+            "list": _raised(lambda: files.list("/root/made")),
+            "rename": _raised(lambda: files.rename("/root/made/g.txt", "/home/user/g.txt")),
+            "remove": _raised(lambda: files.remove("/root/made/g.txt")),
+        }
+        files.remove("/root/made/g.txt", user="root")
+        as_root["removed"] = not files.exists("/root/made/g.txt", user="root")
+        files.write("/home/user/mine.txt", "mine")
+        files.write("/tmp/roots.txt", "root's", user="root")
+        owners = sbx.commands.run("stat -c %U /home/user/mine.txt /tmp/roots.txt").stdout.split()
+        whoami = [sbx.commands.run("id -un", user="root").stdout, sbx.commands.run("id -un").stdout]
+
+        def raw(target: Sandbox) -> dict[str, int]:
+            base = f"https://{target.get_host(49983)}"
+            rpc = {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
+            return {
+                "download": httpx.get(f"{base}/files", params={"path": "/etc/hostname"}, timeout=10).status_code,
+                "upload": httpx.post(
+                    f"{base}/files", params={"path": "/tmp/x"}, files={"file": b"x"}, timeout=10
+                ).status_code,
+                "list": httpx.post(f"{base}/process.Process/List", json={}, headers=rpc, timeout=10).status_code,
+                "stat": httpx.post(
+                    f"{base}/filesystem.Filesystem/Stat", json={"path": "/tmp"}, headers=rpc, timeout=10
+                ).status_code,
+            }
+
+        return {
+            "as_root": as_root,
+            "as_user": as_user,
+            "owners": owners,
+            "whoami": whoami,
+            "secure_without_token": raw(sbx),
+            "public_without_token": raw(public),
+        }
+    finally:
+        sbx.kill()
+        public.kill()
 
 
 def main() -> None:
