@@ -24,8 +24,8 @@ from typing import Any
 
 from contract import Operation, load_inventory
 
-from ._model import CaseResult, Outcome
 from ._coverage import CellOutcome, Coverage
+from ._model import CaseResult, Outcome
 
 __all__ = [
     "GATE_POLICY_PATH",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance._coverage import CellOutcome, coverage
 from conformance._gate import (
     GATE_POLICY_PATH,
     KNOWN_FAILURES_PATH,
@@ -19,7 +20,6 @@ from conformance._gate import (
     load_policy,
 )
 from conformance._model import CaseResult, Outcome
-from conformance._coverage import CellOutcome, coverage
 from tests.conformance.test_report import INVENTORY, result
 
 POLICY = load_policy(inventory=INVENTORY)

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conformance._coverage import CellOutcome, coverage
 from conformance._gate import GatePolicy, GateResult, KnownFailure, evaluate, load_policy
 from conformance._model import REPORT_SCHEMA_VERSION, CaseResult, ClientInfo, Outcome, RunInfo, Target
-from conformance._coverage import CellOutcome, coverage
 from conformance._report import (
     LEGEND,
     REPORT_SCHEMA_PATH,

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from conformance._gate import evaluate, load_policy
 from conformance._coverage import coverage
+from conformance._gate import evaluate, load_policy
 from conformance._report import write_report
 from conformance._signing import fingerprint
 from e2b_compat._cli import main

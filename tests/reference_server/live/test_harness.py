@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from conformance._clients import NodeClients, PythonClients
+from conformance._coverage import coverage
 from conformance._endpoint import ExternalEndpoint
 from conformance._gate import evaluate, load_policy
 from conformance._harness import ClientSet, RunPlan, run_cases
 from conformance._model import CaseResult, Outcome
-from conformance._coverage import coverage
 from conformance._run import FEATURES, RunOptions, main_run
 from conformance._signing import verify
 from conformance._wire import run_wire_cases
