@@ -339,7 +339,7 @@ async def test_create_refuses_what_it_cannot_honour_and_keeps_nothing(
 
 async def test_network_update_refuses_rules(plane: Plane) -> None:
     sandbox_id = (await plane.create())["sandboxID"]
-    update = {"rules": {"example.com": [{}]}}
+    update: dict[str, object] = {"rules": {"example.com": [{}]}}
     answer = await plane.client.put(f"/sandboxes/{sandbox_id}/network", json=update, headers=A)
     refused(answer, 400)
     assert "rules are unavailable" in answer.json()["message"]
