@@ -133,8 +133,13 @@ def envd_metadata(r: dict[str, Any], work: str) -> None:
     assert r["cleared"] is None, "an upload without metadata clears it"
 
 
+def _watch_events(events: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{kind.upper()} {name}" for kind, name in events)
+
+
 def envd_watch(r: dict[str, Any], work: str) -> None:
     events = [tuple(e) for e in r["events"]]
+    watcher = f"watcher on {work}/watched ({r['watcher']})"
     expected = [
         ("create", "a.txt"),
         ("write", "a.txt"),
@@ -150,13 +155,22 @@ def envd_watch(r: dict[str, Any], work: str) -> None:
     # creation is still reported before anything inside it.
     for path in dict.fromkeys(name for _, name in expected):
         wanted = [e for e in expected if e[1] == path]
-        it = iter(e for e in events if e[1] == path)
-        assert all(e in it for e in wanted), f"{wanted} is not a subsequence of {events} (events of {path})"
+        seen = [e for e in events if e[1] == path]
+        it = iter(seen)
+        lost = next((e for e in wanted if e not in it), None)  # ``in`` consumes: a subsequence test
+        if lost is not None:
+            how = "event out of order" if lost in seen else "missing event"
+            raise AssertionError(
+                f"{watcher}: {how} {_watch_events([lost])}; events of {path} were [{_watch_events(seen)}], "
+                f"expected in this order [{_watch_events(wanted)}]; all events: [{_watch_events(events)}]"
+            )
     for position, (kind, name) in enumerate(events):
         parent = name.rpartition("/")[0]
         if parent:
-            assert ("create", parent) in events[:position], f"{(kind, name)} came before its folder's creation"
-    assert not any(kind in ("open", "read") for kind, _ in events)
+            assert ("create", parent) in events[:position], (
+                f"{watcher}: {_watch_events([(kind, name)])} came before its folder's creation"
+            )
+    assert not any(kind in ("open", "read") for kind, _ in events), f"{watcher}: [{_watch_events(events)}]"
 
 
 def sandbox_create(r: dict[str, Any], work: str) -> None:
@@ -175,7 +189,31 @@ def sandbox_get_host(r: dict[str, Any], work: str) -> None:
 
 
 def sandbox_list(r: dict[str, Any], work: str) -> None:
-    assert r == {"pages": 2, "all_found": True, "paused": True, "paused_state": ["paused"], "running": True}
+    # The specification gives a list no order, but its cursor ("nextToken": where the list starts)
+    # is a position in one: every answer to one query, whatever its limit, lists its sandboxes in
+    # that order. Pages of one show it without relying on the order inside any answer.
+    walks: dict[str, list[list[str]]] = r["walks"]
+    call = f"Sandbox.list(query={{metadata: {{suite: {r['suite']}}}}}"
+    order = [sandbox_id for page in walks["1"] for sandbox_id in page]
+    assert [len(page) for page in walks["1"]] == [1] * len(order), f"{call}, limit=1) pages: {walks['1']}"
+    assert sorted(order) == sorted(r["made"]), f"{call}, limit=1) listed {order}, not the sandboxes made {r['made']}"
+    wrong = []  # every answer out of that order, so that the message names each list call
+    for limit, pages in walks.items():
+        listed = f"{call})" if limit == "default" else f"{call}, limit={limit})"
+        offset = 0
+        for number, page in enumerate(pages, 1):
+            expected = order[offset : offset + len(page)]
+            if page != expected:
+                how = "in reverse order" if page == expected[::-1] else "out of order"
+                wrong.append(
+                    f"{listed} page {number} returned sandboxes {how}: {page}; pages of limit=1 give {expected}"
+                )
+            offset += len(page)
+        if offset != len(order):
+            wrong.append(f"{listed} listed {offset} sandboxes, its pages of limit=1 {len(order)}")
+    assert not wrong, "; ".join(wrong)
+    rest = {key: value for key, value in r.items() if key not in ("suite", "made", "walks")}
+    assert rest == {"pages": 2, "all_found": True, "paused": True, "paused_state": ["paused"], "running": True}
 
 
 def sandbox_timeout(r: dict[str, Any], work: str) -> None:

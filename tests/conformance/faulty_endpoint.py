@@ -1,8 +1,8 @@
 """A deliberately broken E2B endpoint: a TLS relay in front of the real server that injects one fault.
 
 The harness's own tests point the official clients at it to prove that a check can fail: a check
-that still passes behind ``Fault.CREATE_200``, ``Fault.DROP_STREAM_EVENT`` or ``Fault.SWAP_SANDBOXES``
-checks nothing.
+that still passes behind ``Fault.CREATE_200``, ``Fault.DROP_STREAM_EVENT``, ``Fault.SWAP_SANDBOXES``,
+``Fault.REVERSE_LIST`` or ``Fault.DROP_WATCH_EVENT`` checks nothing.
 ``Fault.NONE`` is the control case: the relay alone must change no outcome.
 
 How the relay stays transparent:
@@ -16,9 +16,10 @@ How the relay stays transparent:
 - messages stream event by event (h11 on both sides parses and re-serialises them), so keep-alive,
   ``Expect: 100-continue`` and minutes-long Connect streams behave as they do directly; an
   upgrade (WebSocket) is spliced as raw bytes after the 101;
-- control-plane JSON bodies (at most 1 MiB; larger ones pass unchanged) are the only ones buffered,
-  to rewrite ``e2b.localhost:P`` to ``:Q``: the create and connect responses' ``domain`` is what
-  clients build sandbox hosts from, so without it they would bypass the relay;
+- control-plane JSON bodies (at most 1 MiB; larger ones pass unchanged) are buffered, to rewrite
+  ``e2b.localhost:P`` to ``:Q``: the create and connect responses' ``domain`` is what clients build
+  sandbox hosts from, so without it they would bypass the relay; the only other bodies buffered are
+  ``GetWatcherEvents`` answers under ``Fault.DROP_WATCH_EVENT`` (same limit);
 - the relay ends a client connection whenever the server ends its upstream one (an idle keep-alive
   timeout included), and the reverse, so that connection lifetimes are the server's.
 """
@@ -40,6 +41,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Self, cast
 
 import h11
+from google.protobuf.message import DecodeError
+
+from contract.generated.filesystem import filesystem_pb2
 
 if TYPE_CHECKING:
     from conformance._endpoint import ManagedServer
@@ -54,6 +58,9 @@ _TIMEOUT_S = 10.0  # starting, stopping, TLS handshakes and opening the upstream
 _CLOSE_TIMEOUT_S = 2.0  # a peer that does not answer our TLS close_notify in time is cut off
 _START_PATH_SUFFIX = b"/process.Process/Start"
 _CREATE_PATHS = frozenset({b"/sandboxes", b"/v2/sandboxes"})
+_LIST_PATHS = _CREATE_PATHS  # GET on the same two paths lists sandboxes
+_WATCH_DIR_PATH_SUFFIX = b"/filesystem.Filesystem/WatchDir"
+_WATCHER_EVENTS_PATH_SUFFIX = b"/filesystem.Filesystem/GetWatcherEvents"
 _ENVELOPE_PREFIX = 5  # flags byte and 4-byte big-endian length
 _FLAG_COMPRESSED = 0x01
 _FLAG_END_STREAM = 0x02
@@ -70,6 +77,10 @@ class Fault(enum.Enum):
     # E2b-Sandbox-Id) name the other one, and its envd token replaces the caller's, as an edge that
     # looked up the wrong sandbox would do. Everything the clients see then comes from the other one.
     SWAP_SANDBOXES = "swap-sandboxes"
+    REVERSE_LIST = "reverse-list"  # GET /sandboxes and /v2/sandboxes: a JSON array of 2 or more comes reversed
+    # filesystem.Filesystem/WatchDir: each stream's first envelope carrying a filesystem event is
+    # dropped; GetWatcherEvents: the first non-empty ``events`` the relay sees loses its first element.
+    DROP_WATCH_EVENT = "drop-watch-event"
 
 
 class _PeerGoneError(Exception):
@@ -267,6 +278,9 @@ class _Plan:
     create_200: bool
     drop_stream_event: bool
     head: bool
+    reverse_list: bool = False
+    drop_watch_event: bool = False  # a WatchDir stream
+    trim_watcher_events: bool = False  # a GetWatcherEvents answer
 
 
 @dataclass
@@ -296,6 +310,7 @@ class _Relay:
         self.tokens: dict[str, str] = {}  # sandbox id → envd token, from create/connect answers
         self._paired: list[str] = []  # the first two sandbox ids seen, under Fault.SWAP_SANDBOXES
         self.swapped: dict[str, str] = {}  # Fault.SWAP_SANDBOXES: the first two sandboxes, each to the other
+        self.watcher_events_trimmed = False  # Fault.DROP_WATCH_EVENT: a GetWatcherEvents answer lost an event
 
     def learn(self, body: bytes) -> None:
         """Remember a sandbox's envd token from a control-plane answer; pair the first two sandboxes."""
@@ -366,12 +381,16 @@ class _Relay:
         fault = self.endpoint.fault
         path = request.target.partition(b"?")[0]
         control_plane = host_name == self.control_plane_host
-        post = request.method == b"POST"
+        post, get = request.method == b"POST", request.method == b"GET"
+        drop_watch = fault is Fault.DROP_WATCH_EVENT and post and not control_plane
         return _Plan(
             control_plane=control_plane,
             create_200=fault is Fault.CREATE_200 and control_plane and post and path in _CREATE_PATHS,
             drop_stream_event=fault is Fault.DROP_STREAM_EVENT and post and path.endswith(_START_PATH_SUFFIX),
             head=request.method == b"HEAD",
+            reverse_list=fault is Fault.REVERSE_LIST and control_plane and get and path in _LIST_PATHS,
+            drop_watch_event=drop_watch and path.endswith(_WATCH_DIR_PATH_SUFFIX),
+            trim_watcher_events=drop_watch and path.endswith(_WATCHER_EVENTS_PATH_SUFFIX),
         )
 
     def rewrite(self, data: bytes) -> bytes:
@@ -380,6 +399,42 @@ class _Relay:
 
     def count_fault(self) -> None:
         self.endpoint._count_fault()  # the endpoint's counter, written only from this loop
+
+    def reverse_list(self, body: bytes) -> bytes:
+        """A JSON array of at least two items, reversed; anything else unchanged."""
+        try:
+            items = json.loads(body)
+        except ValueError:
+            return body
+        if not isinstance(items, list) or len(items) < 2:
+            return body
+        self.count_fault()
+        return json.dumps(items[::-1], separators=(",", ":"), ensure_ascii=False).encode()
+
+    def trim_watcher_events(self, body: bytes, codec: str) -> bytes:
+        """The first non-empty ``events`` of all GetWatcherEvents answers without its first element."""
+        if self.watcher_events_trimmed:
+            return body
+        if codec == "proto":
+            try:
+                message = filesystem_pb2.GetWatcherEventsResponse.FromString(body)
+            except DecodeError:
+                return body
+            if not message.events:
+                return body
+            del message.events[0]
+            trimmed = message.SerializeToString()
+        else:
+            try:
+                answer = json.loads(body)
+            except ValueError:
+                return body
+            if not isinstance(answer, dict) or not isinstance(events := answer.get("events"), list) or not events:
+                return body
+            trimmed = json.dumps({**answer, "events": events[1:]}, separators=(",", ":"), ensure_ascii=False).encode()
+        self.watcher_events_trimmed = True
+        self.count_fault()
+        return trimmed
 
 
 class _Link:
@@ -549,9 +604,16 @@ class _Link:
                 if plan.control_plane and not plan.head and _is_plain_json(response):
                     held = response
                     continue
+                if plan.trim_watcher_events and _unary_codec(response) is not None:
+                    held = response
+                    continue
                 if plan.drop_stream_event and _is_connect_stream(response):
-                    dropper = _EnvelopeDropper(self.relay.count_fault)
+                    dropper = _EnvelopeDropper(self.relay.count_fault, _is_data_event)
                     response = _with(response, headers=_without_framing(response))  # h11 re-frames: chunked
+                if plan.drop_watch_event and (codec := _stream_codec(response)) is not None:
+                    is_event = _is_watch_event_proto if codec == "proto" else _is_watch_event_json
+                    dropper = _EnvelopeDropper(self.relay.count_fault, is_event)
+                    response = _with(response, headers=_without_framing(response))
                 await self._to_client(response)
             elif isinstance(event, h11.Data):
                 if held is not None:
@@ -566,8 +628,7 @@ class _Link:
                     await self._to_client(h11.Data(data=data))
             elif isinstance(event, h11.EndOfMessage):
                 if held is not None:
-                    self.relay.learn(bytes(body))
-                    rewritten = self.relay.rewrite(bytes(body))
+                    rewritten = self._rewrite_body(plan, held, bytes(body))
                     length = [(b"content-length", str(len(rewritten)).encode())]
                     await self._to_client(_with(held, headers=_without_framing(held) + length))
                     if rewritten:
@@ -579,6 +640,19 @@ class _Link:
                 return None
             else:
                 raise _PeerGoneError("the server left mid-response")
+
+    def _rewrite_body(self, plan: _Plan, response: h11.Response, body: bytes) -> bytes:
+        """A held body as the client gets it: the relay's domain, and the plan's fault if it answered 200."""
+        if plan.control_plane:
+            self.relay.learn(body)
+            body = self.relay.rewrite(body)
+        if response.status_code != 200:
+            return body
+        if plan.reverse_list:
+            body = self.relay.reverse_list(body)
+        if plan.trim_watcher_events and (codec := _unary_codec(response)) is not None:
+            body = self.relay.trim_watcher_events(body, codec)
+        return body
 
     def _rewrite_headers(self, response: h11.Response) -> h11.Response:
         headers = [
@@ -619,10 +693,11 @@ class _Link:
 
 
 class _EnvelopeDropper:
-    """A Connect stream without its first uncompressed envelope carrying a ``"data"`` event."""
+    """A Connect stream without its first uncompressed envelope that ``is_event`` picks (flags, payload)."""
 
-    def __init__(self, on_drop: Callable[[], None]) -> None:
+    def __init__(self, on_drop: Callable[[], None], is_event: Callable[[int, bytes], bool]) -> None:
         self._on_drop = on_drop
+        self._is_event = is_event
         self._buffer = bytearray()
         self._passing = False  # dropped already, or given up: everything else passes as is
 
@@ -642,7 +717,7 @@ class _EnvelopeDropper:
                 break  # the rest of this envelope has not arrived yet
             envelope = bytes(self._buffer[:end])
             del self._buffer[:end]
-            if _is_data_event(flags, envelope[_ENVELOPE_PREFIX:]):
+            if self._is_event(flags, envelope[_ENVELOPE_PREFIX:]):
                 self._passing = True
                 self._on_drop()
             else:
@@ -668,6 +743,29 @@ def _is_data_event(flags: int, payload: bytes) -> bool:
     except ValueError:
         return False
     return isinstance(message, dict) and isinstance(event := message.get("event"), dict) and "data" in event
+
+
+def _is_watch_event_json(flags: int, payload: bytes) -> bool:
+    """True for a WatchDir message envelope whose JSON is ``{"filesystem": ...}`` (not start or keepalive)."""
+    if flags & (_FLAG_COMPRESSED | _FLAG_END_STREAM):
+        return False
+    try:
+        message = json.loads(payload)
+    except ValueError:
+        return False
+    return isinstance(message, dict) and isinstance(message.get("filesystem"), dict)
+
+
+def _is_watch_event_proto(flags: int, payload: bytes) -> bool:
+    """The same for the protobuf codec: a ``WatchDirResponse`` whose ``event`` is ``filesystem``."""
+    if flags & (_FLAG_COMPRESSED | _FLAG_END_STREAM):
+        return False  # the end-of-stream message is JSON under either codec
+    try:
+        message = filesystem_pb2.WatchDirResponse.FromString(payload)
+    except DecodeError:
+        return False
+    kind: str | None = message.WhichOneof("event")
+    return kind == "filesystem"
 
 
 async def _next_event(conn: h11.Connection, reader: asyncio.StreamReader) -> h11.Event | type[h11.PAUSED]:
@@ -734,6 +832,22 @@ def _is_plain_json(response: h11.Response) -> bool:
 def _is_connect_stream(response: h11.Response) -> bool:
     media_type = _header(response.headers, b"content-type").partition(";")[0].strip().lower()
     return media_type == "application/connect+json"
+
+
+def _stream_codec(response: h11.Response) -> str | None:
+    """The codec ("json" or "proto") of a successful Connect stream; None for anything else."""
+    media_type = _header(response.headers, b"content-type").partition(";")[0].strip().lower()
+    codecs = {"application/connect+json": "json", "application/connect+proto": "proto"}
+    return codecs.get(media_type) if response.status_code == 200 else None
+
+
+def _unary_codec(response: h11.Response) -> str | None:
+    """The codec ("json" or "proto") of an uncompressed successful Connect unary answer; None otherwise."""
+    media_type = _header(response.headers, b"content-type").partition(";")[0].strip().lower()
+    encoding = _header(response.headers, b"content-encoding").strip().lower()
+    if response.status_code != 200 or encoding not in ("", "identity"):
+        return None
+    return {"application/json": "json", "application/proto": "proto"}.get(media_type)
 
 
 def _without_framing(response: h11.Response) -> list[tuple[bytes, bytes]]:

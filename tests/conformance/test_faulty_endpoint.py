@@ -2,8 +2,10 @@
 
 The stand-in is a uvicorn + Starlette app on 127.0.0.1 with the reference server's certificate
 layout (made by ``ensure_certificates``), answering the few calls the faults concern: a create
-(201 with ``"domain": "e2b.localhost:P"``) and a ``process.Process/Start`` Connect stream, sent
-chunked with delays and split mid-envelope, or all at once with a Content-Length.
+(201 with ``"domain": "e2b.localhost:P"``), sandbox and snapshot lists, and the
+``process.Process/Start`` and ``filesystem.Filesystem/WatchDir`` Connect streams, sent chunked with
+delays and split mid-envelope, or all at once with a Content-Length, and ``GetWatcherEvents``
+answers (JSON or protobuf).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from google.protobuf import json_format
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -34,6 +37,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 from websockets.sync.client import connect as ws_connect
 
+from contract.generated.filesystem import filesystem_pb2
 from reference_server._tls import ensure_certificates
 from tests.conformance.faulty_endpoint import Fault, FaultyEndpoint
 
@@ -55,6 +59,28 @@ def envelope(flags: int, message: dict[str, Any]) -> bytes:
 
 
 STREAM = [envelope(0, message) for message in MESSAGES] + [envelope(2, END_OF_STREAM)]
+CONNECT_PROTO = "application/connect+proto"
+WATCH_MESSAGES: list[dict[str, Any]] = [
+    {"start": {}},
+    {"keepalive": {}},
+    {"filesystem": {"name": "a.txt", "type": "EVENT_TYPE_CREATE"}},
+    {"filesystem": {"name": "a.txt", "type": "EVENT_TYPE_WRITE"}},
+    {"keepalive": {}},
+    {"filesystem": {"name": "a.txt", "type": "EVENT_TYPE_REMOVE"}},
+]
+WATCHER_EVENTS: list[dict[str, Any]] = [message["filesystem"] for message in WATCH_MESSAGES if "filesystem" in message]
+LISTED = [{"sandboxID": f"s{i}", "metadata": {"i": str(i)}} for i in range(3)]
+
+
+def proto_envelope(message: dict[str, Any]) -> bytes:
+    payload = json_format.ParseDict(message, filesystem_pb2.WatchDirResponse()).SerializeToString()
+    return bytes([0]) + len(payload).to_bytes(4, "big") + payload
+
+
+def watch_stream(codec: str) -> list[bytes]:
+    """The WatchDir stream's envelopes in ``codec``; the end-of-stream message is JSON under both."""
+    encode = proto_envelope if codec == "proto" else (lambda message: envelope(0, message))
+    return [encode(message) for message in WATCH_MESSAGES] + [envelope(2, END_OF_STREAM)]
 
 
 def parse_stream(data: bytes) -> list[tuple[int, dict[str, Any]]]:
@@ -111,6 +137,33 @@ def stand_in_app(port: int) -> Starlette:
 
         return StreamingResponse(pieces(), media_type=CONNECT_JSON, headers=seen(request))
 
+    async def listed(request: Request) -> Response:
+        count = int(request.query_params.get("n", len(LISTED)))  # the test says how many it wants
+        return JSONResponse(LISTED[:count], headers={**seen(request), "x-next-token": "next"})
+
+    async def watch_dir(request: Request) -> Response:
+        await request.body()
+        codec = "proto" if request.headers["content-type"] == CONNECT_PROTO else "json"
+        media_type = CONNECT_PROTO if codec == "proto" else CONNECT_JSON
+        if request.headers.get("x-test-framing") == "length":
+            return Response(b"".join(watch_stream(codec)), media_type=media_type)
+
+        async def pieces() -> AsyncIterator[bytes]:
+            for item in watch_stream(codec):
+                for piece in (item[:3], item[3:]):
+                    await asyncio.sleep(0.02)
+                    yield piece
+
+        return StreamingResponse(pieces(), media_type=media_type)
+
+    async def watcher_events(request: Request) -> Response:
+        await request.body()
+        events = WATCHER_EVENTS[: int(request.headers["x-test-events"])]
+        if request.headers["content-type"] == "application/proto":
+            message = json_format.ParseDict({"events": events}, filesystem_pb2.GetWatcherEventsResponse())
+            return Response(message.SerializeToString(), media_type="application/proto")
+        return JSONResponse({"events": events} if events else {})  # proto3 JSON leaves an empty list out
+
     async def echo(request: Request) -> Response:
         return JSONResponse({"host": request.headers["host"]}, headers=seen(request))
 
@@ -142,6 +195,11 @@ def stand_in_app(port: int) -> Starlette:
             Route("/sandboxes", create, methods=["POST"]),
             Route("/v2/sandboxes", create, methods=["POST"]),
             Route("/process.Process/Start", start, methods=["POST"]),
+            Route("/sandboxes", listed, methods=["GET"]),
+            Route("/v2/sandboxes", listed, methods=["GET"]),
+            Route("/snapshots", listed, methods=["GET"]),
+            Route("/filesystem.Filesystem/WatchDir", watch_dir, methods=["POST"]),
+            Route("/filesystem.Filesystem/GetWatcherEvents", watcher_events, methods=["POST"]),
             Route("/echo", echo),
             Route("/upload", upload, methods=["PUT"]),
             Route("/silent", silent),
@@ -421,6 +479,106 @@ def test_drop_stream_event_drops_exactly_the_first_data_envelope(
         assert parse_stream(response.content) == expected
     assert created.status_code == 201
     assert relay.faults_injected == 2
+
+
+def envelopes(data: bytes) -> list[tuple[int, bytes]]:
+    """The (flags, payload) of every envelope of a complete Connect stream, whatever its codec."""
+    found: list[tuple[int, bytes]] = []
+    offset = 0
+    while offset < len(data):
+        length = int.from_bytes(data[offset + 1 : offset + 5], "big")
+        found.append((data[offset], data[offset + 5 : offset + 5 + length]))
+        assert len(found[-1][1]) == length, "a truncated envelope"
+        offset += 5 + length
+    return found
+
+
+def watch(http: httpx.Client, domain: str, codec: str, framing: str) -> httpx.Response:
+    url = f"https://49983-{SANDBOX_ID}.{domain}/filesystem.Filesystem/WatchDir"
+    headers = {"content-type": CONNECT_PROTO if codec == "proto" else CONNECT_JSON, "x-test-framing": framing}
+    return http.post(url, content=envelope(0, {"path": "/w", "recursive": True}), headers=headers)
+
+
+def watcher_events(http: httpx.Client, domain: str, codec: str, count: int) -> httpx.Response:
+    url = f"https://49983-{SANDBOX_ID}.{domain}/filesystem.Filesystem/GetWatcherEvents"
+    headers = {"content-type": f"application/{codec}", "x-test-events": str(count)}
+    return http.post(url, content=b"{}" if codec == "json" else b"", headers=headers)
+
+
+def decoded_events(response: httpx.Response) -> list[dict[str, Any]]:
+    """A GetWatcherEvents answer's events as JSON, whatever its codec."""
+    if response.headers["content-type"] == "application/proto":
+        message = filesystem_pb2.GetWatcherEventsResponse.FromString(response.content)
+        events: list[dict[str, Any]] = json_format.MessageToDict(message).get("events", [])
+        return events
+    polled: list[dict[str, Any]] = response.json().get("events", [])
+    return polled
+
+
+@pytest.mark.parametrize("path", ["/sandboxes", "/v2/sandboxes"])
+def test_reverse_list_reverses_only_sandbox_lists_of_two_or_more(
+    stand_in: StandIn, make_relay: MakeRelay, path: str
+) -> None:
+    control = make_relay(Fault.NONE)
+    relay = make_relay(Fault.REVERSE_LIST)
+    with client(stand_in) as http:
+        expected = http.get(f"https://api.{control.domain}{path}?n=3")
+        got = http.get(f"https://api.{relay.domain}{path}?n=3")
+        pair = http.get(f"https://api.{relay.domain}{path}?n=2")
+        short = [http.get(f"https://api.{relay.domain}{path}?n={n}") for n in (0, 1)]
+        snapshots = http.get(f"https://api.{relay.domain}/snapshots?n=3")
+        created = create(http, relay.domain, path)
+        stream = start_stream(http, relay.domain, "chunked")
+    assert expected.json() == LISTED
+    assert got.status_code == 200
+    assert got.json() == LISTED[::-1], "the items themselves are unchanged, only their order"
+    assert pair.json() == LISTED[1::-1]
+    assert [response.json() for response in short] == [[], LISTED[:1]]
+    assert got.headers["x-next-token"] == expected.headers["x-next-token"] == "next", "the cursor is left alone"
+    assert got.headers["content-length"] == str(len(got.content))
+    assert snapshots.json() == LISTED, "another list is left alone"
+    assert (created.status_code, created.json()["domain"]) == (201, relay.domain)
+    assert (stream.status_code, stream.content) == (200, b"".join(STREAM))
+    assert control.faults_injected == 0
+    assert relay.faults_injected == 2
+
+
+@pytest.mark.parametrize("framing", ["chunked", "length"])
+@pytest.mark.parametrize("codec", ["json", "proto"])
+def test_drop_watch_event_drops_each_watch_streams_first_filesystem_event(
+    stand_in: StandIn, make_relay: MakeRelay, codec: str, framing: str
+) -> None:
+    relay = make_relay(Fault.DROP_WATCH_EVENT)
+    with client(stand_in) as http:
+        got = watch(http, relay.domain, codec, framing)
+        second = watch(http, relay.domain, codec, framing)  # each stream loses its own first event
+        process = start_stream(http, relay.domain, framing)
+    full = [(item[0], item[5:]) for item in watch_stream(codec)]
+    expected = full[:2] + full[3:]  # start, keepalive, then the events after CREATE a.txt
+    for response in (got, second):
+        assert response.status_code == 200
+        assert response.headers["content-type"] == (CONNECT_PROTO if codec == "proto" else CONNECT_JSON)
+        assert "content-length" not in response.headers
+        assert envelopes(response.content) == expected
+    assert (process.status_code, process.content) == (200, b"".join(STREAM)), "a process stream is left alone"
+    assert relay.faults_injected == 2
+
+
+@pytest.mark.parametrize("codec", ["json", "proto"])
+def test_drop_watch_event_removes_the_first_polled_event_once(
+    stand_in: StandIn, make_relay: MakeRelay, codec: str
+) -> None:
+    relay = make_relay(Fault.DROP_WATCH_EVENT)
+    with client(stand_in) as http:
+        empty = watcher_events(http, relay.domain, codec, 0)
+        first = watcher_events(http, relay.domain, codec, 3)
+        later = watcher_events(http, relay.domain, codec, 2)
+    assert [response.status_code for response in (empty, first, later)] == [200, 200, 200]
+    assert decoded_events(empty) == []
+    assert decoded_events(first) == WATCHER_EVENTS[1:], "CREATE a.txt is gone, the rest is as sent"
+    assert decoded_events(later) == WATCHER_EVENTS[:2], "only the first non-empty answer loses an event"
+    assert first.headers["content-length"] == str(len(first.content))
+    assert relay.faults_injected == 1
 
 
 # --- lifecycle ---

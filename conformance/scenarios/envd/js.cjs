@@ -120,7 +120,7 @@ const scenarios = {
       await new Promise((resolve) => setTimeout(resolve, 100)) // events arrive asynchronously (at most 10 s)
     }
     await handle.stop()
-    return { events }
+    return { events, watcher: 'WatchDir' }
   },
 }
 

@@ -159,7 +159,7 @@ async def _watch(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
             break
         await asyncio.sleep(0.1)
     await handle.stop()
-    return {"events": events}
+    return {"events": events, "watcher": "WatchDir"}
 
 
 PARALLEL = 16  # commands, and as many files, in flight at once on one sandbox

@@ -280,7 +280,7 @@ def _watch(sbx: Sandbox, work: str) -> dict[str, Any]:
             break
         time.sleep(0.1)
     handle.stop()
-    return {"events": events}
+    return {"events": events, "watcher": "CreateWatcher/GetWatcherEvents"}
 
 
 @scenario("properties/batch")

@@ -159,11 +159,21 @@ const scenarios = {
         pages += 1
         seen.push(...items.map((item) => item.sandboxId))
       }
+      // The same query paged by one, by two and not at all: pages of one show the cursor's order.
+      const walks = {}
+      for (const [name, limit] of [['1', 1], ['2', 2], ['default', undefined]]) {
+        const walk = Sandbox.list({ query: { metadata: { suite } }, ...(limit === undefined ? {} : { limit }) })
+        walks[name] = []
+        while (walk.hasNext) walks[name].push((await walk.nextItems()).map((item) => item.sandboxId))
+      }
       await made[0].pause()
       const paused = await Sandbox.list({ query: { metadata: { suite }, state: ['paused'] } }).nextItems()
       const running = await Sandbox.list({ query: { metadata: { suite }, state: ['running'] } }).nextItems()
       const sameSet = (a, b) => JSON.stringify([...a].sort()) === JSON.stringify([...b].sort())
       return {
+        suite,
+        made: made.map((s) => s.sandboxId),
+        walks,
         pages,
         all_found: sameSet(seen, made.map((s) => s.sandboxId)),
         paused: JSON.stringify(paused.map((s) => s.sandboxId)) === JSON.stringify([made[0].sandboxId]),

@@ -103,6 +103,14 @@ async def _list(work: str) -> dict[str, Any]:
             items = await paginator.next_items()
             pages += 1
             seen += [item.sandbox_id for item in items]
+        # The same query paged by one, by two and not at all: pages of one show the cursor's order.
+        walks: dict[str, list[list[str]]] = {}
+        for name, limit in (("1", 1), ("2", 2), ("default", None)):
+            query = SandboxQuery(metadata={"suite": suite})
+            walk = AsyncSandbox.list(query=query) if limit is None else AsyncSandbox.list(query=query, limit=limit)
+            walks[name] = []
+            while walk.has_next:
+                walks[name].append([item.sandbox_id for item in await walk.next_items()])
         await made[0].pause()
         paused = await AsyncSandbox.list(
             query=SandboxQuery(metadata={"suite": suite}, state=[SandboxState.PAUSED])
@@ -111,6 +119,9 @@ async def _list(work: str) -> dict[str, Any]:
             query=SandboxQuery(metadata={"suite": suite}, state=[SandboxState.RUNNING])
         ).next_items()
         return {
+            "suite": suite,
+            "made": [s.sandbox_id for s in made],
+            "walks": walks,
             "pages": pages,
             "all_found": sorted(seen) == sorted(s.sandbox_id for s in made),
             "paused": [s.sandbox_id for s in paused] == [made[0].sandbox_id],

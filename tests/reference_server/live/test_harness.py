@@ -129,3 +129,51 @@ def test_swapped_sandbox_traffic_fails_the_burst_and_names_both_sandboxes(
     assert f"is that of {second} (" in summary or f"is that of {first} (" in summary, summary
     assert first in summary, summary
     assert second in summary, summary
+
+
+def test_a_reversed_list_fails_the_list_case_and_names_the_list_call(
+    live_server: LiveServer, python_clients: PythonClients, node_clients: NodeClients
+) -> None:
+    """Sandbox lists of two or more come reversed: every flavour's list case names the calls."""
+    with FaultyEndpoint.for_server(live_server, Fault.REVERSE_LIST) as relay:
+        endpoint = ExternalEndpoint(relay.client_env(live_server.client_env))
+        run = run_cases(RunPlan(endpoint, (_pinned(python_clients, node_clients),), match="list-filter-paginate"))
+        assert relay.faults_injected > 0
+    failed = _failed(run.results, "sandbox/lifecycle/list-filter-paginate")
+    assert {result.client.flavour for result in failed} == {"py-sync", "py-async", "js"}, run.results
+    for failure in failed:
+        # Pages of one are immune to the fault and give the order; the pages of two and the unpaged
+        # list are reversed, and the message names each of those calls.
+        assert "Sandbox.list(query={metadata: {suite: " in failure.detail, failure.detail
+        assert ", limit=2) page 1 returned sandboxes in reverse order" in failure.detail, failure.detail
+        assert "}}) page 1 returned sandboxes in reverse order" in failure.detail, failure.detail
+        assert "limit=1) page" not in failure.detail, failure.detail
+
+
+def test_a_dropped_watch_event_fails_the_watch_cases_and_names_the_event(
+    live_server: LiveServer, python_clients: PythonClients, node_clients: NodeClients
+) -> None:
+    """The first event of each WatchDir stream, and of the polling watcher, is lost on the way."""
+    with FaultyEndpoint.for_server(live_server, Fault.DROP_WATCH_EVENT) as relay:
+        endpoint = ExternalEndpoint(relay.client_env(live_server.client_env))
+        run = run_cases(RunPlan(endpoint, (_pinned(python_clients, node_clients),), match="envd/watch/"))
+        assert relay.faults_injected == 3  # two streams and one polling watcher
+    (polling,) = _failed(run.results, "envd/watch/polling")
+    streams = _failed(run.results, "envd/watch/stream")
+    assert {result.client.flavour for result in streams} == {"py-async", "js"}, run.results
+    assert "/watched (CreateWatcher/GetWatcherEvents): missing event CREATE a.txt;" in polling.detail, polling.detail
+    for failure in streams:
+        assert "/watched (WatchDir): missing event CREATE a.txt;" in failure.detail, failure.detail
+
+
+@pytest.mark.parametrize("match", ["list-filter-paginate", "envd/watch/"])
+def test_a_faithful_relay_passes_the_list_and_watch_cases(
+    live_server: LiveServer, python_clients: PythonClients, node_clients: NodeClients, match: str
+) -> None:
+    with FaultyEndpoint.for_server(live_server, Fault.NONE) as relay:
+        endpoint = ExternalEndpoint(relay.client_env(live_server.client_env))
+        run = run_cases(RunPlan(endpoint, (_pinned(python_clients, node_clients),), match=match))
+    assert len(run.results) == 3
+    assert all(result.outcome is Outcome.PASS for result in run.results), [
+        (result.case, result.client.flavour, result.detail) for result in run.results
+    ]
