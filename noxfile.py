@@ -102,3 +102,19 @@ def conformance(session: nox.Session) -> None:
     if os.geteuid() == 0 and not any(arg.startswith("--endpoint") for arg in session.posargs):
         session.run("e2b-compat", "host", "prepare")
     session.run("e2b-compat", "conformance", "run", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def mutants(session: nox.Session) -> None:
+    """Plant the curated mutants (conformance/_mutant_catalog.py) and report which the harness kills.
+
+    Each mutant runs in a copy of this tree against a server started from that copy, under the
+    shared heavy-test lock taken per mutant (do not wrap this session in that lock: pass
+    ``-- --no-lock`` if you must). Writes reports/mutants/<time>/mutants.json and mutants.md and
+    stops by itself (``-- --budget-minutes N``, default 30). ``-- --list`` shows the mutants;
+    ``-- --match server/list`` runs some (docs/MUTANTS.md).
+    """
+    session.install("-e", ".[conformance]")
+    if os.geteuid() == 0:
+        session.run("e2b-compat", "host", "prepare")
+    session.run("e2b-compat", "conformance", "mutants", *session.posargs)

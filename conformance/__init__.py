@@ -15,6 +15,7 @@ if _TYPE_CHECKING:
     from ._clients import ensure_node_clients, ensure_python_clients
     from ._endpoint import EndpointError, ExternalEndpoint, ManagedServer
     from ._model import CaseResult, ClientInfo, Outcome, RunInfo, Target
+    from ._mutant_run import HEAVY_LOCK, MutantOptions, main_mutants
     from ._run import RunOptions, endpoint_from_environment, main_run
     from ._signing import verify
 
@@ -32,6 +33,9 @@ _LAZY = {
     "Outcome": "_model",
     "RunInfo": "_model",
     "Target": "_model",
+    "HEAVY_LOCK": "_mutant_run",
+    "MutantOptions": "_mutant_run",
+    "main_mutants": "_mutant_run",
     "RunOptions": "_run",
     "endpoint_from_environment": "_run",
     "main_run": "_run",
@@ -44,12 +48,14 @@ __getattr__ = _lazy_getattr(__name__, _LAZY, globals())
 
 __all__ = [
     "CASES",
+    "HEAVY_LOCK",
     "Case",
     "CaseResult",
     "ClientInfo",
     "EndpointError",
     "ExternalEndpoint",
     "ManagedServer",
+    "MutantOptions",
     "Outcome",
     "RunInfo",
     "RunOptions",
@@ -57,6 +63,7 @@ __all__ = [
     "endpoint_from_environment",
     "ensure_node_clients",
     "ensure_python_clients",
+    "main_mutants",
     "main_run",
     "verify",
 ]

@@ -296,6 +296,50 @@ def _conformance_run(args: argparse.Namespace) -> int:
     return main_run(options)
 
 
+def _conformance_mutants(args: argparse.Namespace) -> int:
+    from conformance import HEAVY_LOCK, MutantOptions, main_mutants  # noqa: PLC0415
+
+    options = MutantOptions(
+        match=args.match,
+        budget_s=args.budget_minutes * 60,
+        mutant_timeout_s=args.mutant_timeout,
+        case_timeout_s=args.case_timeout,
+        jobs=args.jobs,
+        output=args.output,
+        reports_root=args.reports,
+        lock=None if args.no_lock else (args.lock or HEAVY_LOCK),
+        keep=args.keep,
+        list_only=args.list,
+    )
+    return main_mutants(options)
+
+
+def _add_mutants_action(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    mutants = actions.add_parser(
+        "mutants",
+        help="plant the curated mutants in copies of this tree and report which the harness kills",
+        description="Each mutant is one behavioural change of the server or the agent "
+        "(conformance/_mutant_catalog.py), run against a server started from a mutated copy; writes "
+        "reports/mutants/<time>/mutants.json and "
+        "mutants.md (docs/MUTANTS.md). Exit 1 when a mutant no longer fits the code, 2 when the baseline fails.",
+    )
+    mutants.add_argument("--match", default="", help="only mutants whose id contains this")
+    mutants.add_argument("--list", action="store_true", help="list the mutants, checked against the checkout, and exit")
+    mutants.add_argument("--budget-minutes", type=float, default=30.0, help="the whole session (default 30)")
+    mutants.add_argument("--mutant-timeout", type=float, default=300.0, help="seconds per mutant (default 300)")
+    mutants.add_argument("--case-timeout", type=float, default=150.0, help="seconds per case run (default 150)")
+    mutants.add_argument(
+        "--jobs", type=int, default=2, choices=range(1, 9), metavar="N", help="case runs side by side (default 2)"
+    )
+    mutants.add_argument("--output", type=Path, default=None, help="the output folder (default: under --reports)")
+    mutants.add_argument("--reports", type=Path, default=Path("reports"), help="where reports/mutants/<time>/ is made")
+    lock = mutants.add_mutually_exclusive_group()
+    lock.add_argument("--lock", type=Path, default=None, help="lock file taken per mutant (default: the shared one)")
+    lock.add_argument("--no-lock", action="store_true", help="take no lock (the caller holds the shared one)")
+    mutants.add_argument("--keep", action="store_true", help="keep the scratch copies and logs")
+    mutants.set_defaults(func=_conformance_mutants)
+
+
 def _add_conformance_group(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``e2b-compat conformance ACTION``: each action is one subparser here with its own ``func``."""
     conformance = groups.add_parser("conformance", help="compatibility reports of E2B-style endpoints")
@@ -351,6 +395,7 @@ def _add_conformance_group(groups: argparse._SubParsersAction[argparse.ArgumentP
         help="Ed25519 key (default: $E2B_COMPAT_SIGNING_KEY or ~/.config/e2b-compat)",
     )
     run.set_defaults(func=_conformance_run)
+    _add_mutants_action(actions)
 
 
 def build_parser() -> argparse.ArgumentParser:

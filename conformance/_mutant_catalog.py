@@ -1,0 +1,458 @@
+"""The curated mutants: behavioural changes planted in the reference server and the agent.
+
+Each row is one mutation of one file, written as data (``Mutant``): a hierarchical id
+(``<part>/<area>/<what>``), the file, an ``old`` snippet that must occur exactly once there (the
+runner refuses a mutant whose snippet is missing or ambiguous, so the list cannot rot silently),
+the ``new`` snippet, one line saying which behaviour changes, and the cases to run against it.
+
+A case selector is a case name (scenario or wire case), optionally ``@flavour[,flavour]`` or
+``@*``; without one, a scenario case runs with ``py-sync`` (or its only flavour). Only cases that
+pass on the unmutated tree count. The cases are the cheapest ones expected to notice the change
+(one or two client runs): the point is to measure the harness, not to run all of it per mutant.
+
+Ids start with the part that runs the mutated code: ``server`` (the reference server's process),
+``agent`` (envd inside the sandbox), ``runtime`` (the crun backend, in the server's process) and
+``interpreter`` (the code interpreter inside ``code-interpreter-v1`` sandboxes).
+"""
+
+from __future__ import annotations
+
+from ._mutants import Mutant
+
+__all__ = ["MUTANTS"]
+
+CONTROL = "reference_server/_control_plane/sandboxes.py"
+SERVICE = "reference_server/_sandboxes.py"
+VIEWS = "reference_server/_views.py"
+ERRORS = "reference_server/_errors.py"
+PROCESSES = "runtime/agent/_processes.py"
+PROCESS_RPC = "runtime/agent/_process_service.py"
+FILESYSTEM = "runtime/agent/_filesystem.py"
+
+CREATE = "sandbox/lifecycle/create-env-metadata"
+LISTING = "sandbox/lifecycle/list-filter-paginate"
+PAUSE_MEMORY = "sandbox/lifecycle/pause-memory-connect"
+FOREGROUND = "envd/commands/foreground"
+LIST_STAT = "envd/files/list-stat-exists"
+MKDIR = "envd/files/make-dir-rename-remove"
+KILL = "envd/commands/kill"
+
+MUTANTS: tuple[Mutant, ...] = (
+    # --- the control plane: status codes, bodies, defaults, lists ---------------------------------
+    Mutant(
+        "server/create/status-200",
+        CONTROL,
+        "    return JSONResponse(views.sandbox(opened, caller.domain), status_code=201)\n\n\nasync def connect_v1(",
+        "    return JSONResponse(views.sandbox(opened, caller.domain), status_code=200)\n\n\nasync def connect_v1(",
+        "POST /sandboxes answers 200 instead of 201",
+        ("wire/control/create-status", CREATE),
+    ),
+    Mutant(
+        "server/connect/resumed-status-200",
+        CONTROL,
+        "status_code=201 if resumed else 200",
+        "status_code=200",
+        "connect answers 200 also when it resumed a paused sandbox (the contract says 201)",
+        (f"{PAUSE_MEMORY}@py-sync,js",),
+    ),
+    Mutant(
+        "server/get/not-found-400",
+        SERVICE,
+        'raise ApiError(404, f"{text.SANDBOX_NOT_FOUND}: {sandbox_id}")',
+        'raise ApiError(400, f"{text.SANDBOX_NOT_FOUND}: {sandbox_id}")',
+        "a missing or foreign sandbox is answered 400 instead of 404",
+        ("wire/control/error-shape", "sandbox/lifecycle/kill-is-running"),
+    ),
+    Mutant(
+        "server/kill/missing-is-204",
+        SERVICE,
+        "            except ApiError:\n                raise ApiError(404, text.SANDBOX_NOT_FOUND) from None",
+        "            except ApiError:\n                return",
+        "DELETE of a sandbox that does not exist answers 204 instead of 404",
+        ("sandbox/lifecycle/kill-is-running",),
+    ),
+    Mutant(
+        "server/pause/already-paused-204",
+        SERVICE,
+        "            if record.state == S.PAUSED:\n                raise ApiError(409, text.ALREADY_PAUSED)",
+        "            if record.state == S.PAUSED:\n                return",
+        "pausing a paused sandbox answers 204 instead of 409",
+        ("wire/control/pause-twice", f"{PAUSE_MEMORY}@js"),
+    ),
+    Mutant(
+        "server/errors/body-code-dropped",
+        ERRORS,
+        'return JSONResponse({"code": status, "message": message}, status_code=status, headers=headers)',
+        'return JSONResponse({"message": message}, status_code=status, headers=headers)',
+        "error bodies lose their integer `code` (the JS client tells 404 and 409 apart by it)",
+        ("wire/control/error-shape", f"{PAUSE_MEMORY}@js"),
+    ),
+    Mutant(
+        "server/list/reversed-order",
+        CONTROL,
+        "    return JSONResponse([views.listed(record) for record in page.records], headers=headers)",
+        "    return JSONResponse([views.listed(record) for record in reversed(page.records)], headers=headers)",
+        "GET /v2/sandboxes returns each page in reverse order",
+        (LISTING,),
+    ),
+    Mutant(
+        "server/list/metadata-filter-ignored",
+        CONTROL,
+        '    check_query(request, ("metadata", "state", "limit", "nextToken"))\n'
+        '    metadata = metadata_filter(single(request.query_params.getlist("metadata"), "metadata"))',
+        '    check_query(request, ("metadata", "state", "limit", "nextToken"))\n    metadata: dict[str, str] = {}',
+        "GET /v2/sandboxes ignores the metadata filter",
+        (LISTING,),
+    ),
+    Mutant(
+        "server/list/limit-ignored",
+        CONTROL,
+        'limit = integer_query(request, "limit", default=MAX_PAGE, low=1, high=MAX_PAGE) or MAX_PAGE',
+        "limit = MAX_PAGE",
+        "GET /v2/sandboxes ignores `limit` (every page holds up to 100)",
+        (LISTING,),
+    ),
+    Mutant(
+        "server/list/next-token-dropped",
+        CONTROL,
+        "headers = {NEXT_TOKEN_HEADER: page.next_token} if page.next_token else {}",
+        "headers: dict[str, str] = {}",
+        "GET /v2/sandboxes never sends the x-next-token header",
+        (f"{LISTING}@js",),
+    ),
+    Mutant(
+        "server/list/state-filter-ignored",
+        SERVICE,
+        'wanted = set(states or ("running", "paused"))',
+        'wanted = {"running", "paused"}',
+        "GET /v2/sandboxes ignores the state filter",
+        (LISTING,),
+    ),
+    Mutant(
+        "server/detail/metadata-dropped",
+        VIEWS,
+        '"metadata": record.metadata,',
+        '"metadata": {},',
+        "sandbox details and lists answer empty metadata",
+        (CREATE,),
+    ),
+    Mutant(
+        "server/detail/state-always-running",
+        VIEWS,
+        '"state": api_state(record.state),',
+        '"state": "running",',
+        "sandbox details and lists always say `running`, paused ones too",
+        (PAUSE_MEMORY,),
+    ),
+    Mutant(
+        "server/create/env-vars-not-sent",
+        SERVICE,
+        '"envVars": record.env_vars,',
+        '"envVars": {},',
+        "the create request's envVars never reach the agent's /init",
+        (CREATE,),
+    ),
+    Mutant(
+        "server/create/default-user-root",
+        SERVICE,
+        'default_user: str = "user"',
+        'default_user: str = "root"',
+        "sandboxes get `root` instead of `user` as the default user",
+        (CREATE, "envd/files/text-bytes-stream"),
+    ),
+    Mutant(
+        "server/create/secure-ignored",
+        CONTROL,
+        'secure=bool_field(body, "secure", default_secure),',
+        "secure=False,",
+        "`secure: true` is ignored: no envd access token, the agent open to anyone",
+        ("wire/control/create-status", FOREGROUND),
+    ),
+    Mutant(
+        "server/create/timeout-ignored",
+        CONTROL,
+        'timeout_s=int(body.get("timeout", default_timeout)),',
+        "timeout_s=default_timeout,",
+        "the create request's timeout is ignored (v1: 15 s, v2: 300 s)",
+        (CREATE, f"{PAUSE_MEMORY}@js"),
+    ),
+    Mutant(
+        "server/timeout/set-timeout-ignored",
+        SERVICE,
+        "                expires_at=self.now() + timedelta(seconds=timeout_s),\n"
+        "                details=record.with_details(timeout_s=timeout_s),",
+        "                details=record.with_details(timeout_s=timeout_s),",
+        "POST /sandboxes/{id}/timeout answers 204 but leaves the expiry as it was",
+        ("sandbox/lifecycle/timeout",),
+    ),
+    Mutant(
+        "server/pause/memory-flag-ignored",
+        CONTROL,
+        'memory = bool_field(body, "memory", Defaults.PAUSE_MEMORY)',
+        "memory = Defaults.PAUSE_MEMORY",
+        "pause ignores `memory: false`: a filesystem-only pause keeps the processes",
+        ("sandbox/lifecycle/pause-filesystem-connect",),
+    ),
+    Mutant(
+        "server/owner/check-dropped",
+        SERVICE,
+        "if record is None or record.owner != owner or record.state in GONE:",
+        "if record is None or record.state in GONE:",
+        "any API key may get, connect to and kill any owner's sandbox",
+        ("sandbox/lifecycle/other-owner",),
+    ),
+    Mutant(
+        "server/snapshot/in-use-400",
+        ERRORS,
+        '("delete_template", TransitionError): (409, SNAPSHOT_IN_USE),',
+        '("delete_template", TransitionError): (400, SNAPSHOT_IN_USE),',
+        "deleting a snapshot that a sandbox runs from answers 400 instead of 409",
+        ("sandbox/lifecycle/snapshot-restore",),
+    ),
+    Mutant(
+        "server/metrics/cpu-count-wrong",
+        VIEWS,
+        '"cpuCount": sample.cpu_count,',
+        '"cpuCount": 1,',
+        "sandbox metrics report one vCPU whatever the sandbox has",
+        ("sandbox/lifecycle/metrics",),
+    ),
+    Mutant(
+        "server/edge/traffic-token-unchecked",
+        "reference_server/_edge.py",
+        "if target.traffic_token is not None and where.port != ENVD_PORT:",
+        "if False:",
+        "user ports of sandboxes without public traffic are reachable without the traffic token",
+        ("interpreter/network/private-traffic",),
+    ),
+    Mutant(
+        "server/proxy/content-type-dropped",
+        "reference_server/_proxy.py",
+        '_HOP_BY_HOP = frozenset({b"connection",',
+        '_HOP_BY_HOP = frozenset({b"content-type", b"connection",',
+        "the sandbox proxy drops the content-type header of every request and answer",
+        (FOREGROUND,),
+    ),
+    # --- the agent: processes ------------------------------------------------------------------------
+    Mutant(
+        "agent/process/exit-code-off-by-one",
+        PROCESSES,
+        'return Exit(returncode, True, f"exit status {returncode}")',
+        'return Exit(returncode + 1, True, f"exit status {returncode}")',
+        "commands report their exit code plus one",
+        ("envd/commands/exit-code",),
+    ),
+    Mutant(
+        "agent/process/end-event-dropped",
+        PROCESS_RPC,
+        "            yield _event_message(event)\n            if isinstance(event, Exit):\n                return",
+        "            if isinstance(event, Exit):\n                return\n            yield _event_message(event)",
+        "process streams end without their `end` event",
+        (FOREGROUND, "wire/envd/process-stream"),
+    ),
+    Mutant(
+        "agent/process/stdout-dropped",
+        PROCESSES,
+        "        while chunk := await stream.read(STDOUT_CHUNK):\n"
+        "            await managed.publish(Output(name, chunk))",
+        "        while chunk := await stream.read(STDOUT_CHUNK):\n"
+        '            if name == "stderr":\n'
+        "                await managed.publish(Output(name, chunk))",
+        "stdout data events are never sent (stderr still is)",
+        (FOREGROUND,),
+    ),
+    Mutant(
+        "agent/process/request-env-dropped",
+        PROCESSES,
+        "    env.update(global_env)\n    env.update(request_env)\n",
+        "    env.update(global_env)\n",
+        "a command's own envs are not passed to it",
+        (FOREGROUND,),
+    ),
+    Mutant(
+        "agent/process/cwd-ignored",
+        PROCESS_RPC,
+        "            cwd=cwd,\n",
+        "            cwd=user.home,\n",
+        "commands run in the user's home whatever cwd they ask for",
+        (FOREGROUND, "envd/concurrency/commands-and-files"),
+    ),
+    Mutant(
+        "agent/process/signal-ignored",
+        PROCESSES,
+        "        try:\n            os.kill(self.pid, sig)\n        except ProcessLookupError as exc:",
+        "        try:\n            pass\n        except ProcessLookupError as exc:",
+        "SendSignal answers success but sends no signal",
+        (KILL,),
+    ),
+    Mutant(
+        "agent/process/sigkill-sent-as-sigterm",
+        PROCESS_RPC,
+        "_SIGNALS = {pb.SIGNAL_SIGTERM: signal.SIGTERM, pb.SIGNAL_SIGKILL: signal.SIGKILL}",
+        "_SIGNALS = {pb.SIGNAL_SIGTERM: signal.SIGTERM, pb.SIGNAL_SIGKILL: signal.SIGTERM}",
+        "SIGKILL requests send SIGTERM (the end says `signal: terminated`)",
+        (KILL,),
+    ),
+    Mutant(
+        "agent/process/deadline-not-enforced",
+        PROCESSES,
+        "            managed.stop_waiting_for_output.set()\n"
+        "            with contextlib.suppress(ProcessLookupError):\n"
+        "                os.kill(managed.pid, signal.SIGKILL)",
+        "            managed.stop_waiting_for_output.set()",
+        "a command's deadline ends its stream but leaves the process running",
+        ("envd/commands/timeout",),
+    ),
+    Mutant(
+        "agent/process/list-empty",
+        PROCESS_RPC,
+        "for managed in self._table.list():",
+        "for managed in []:",
+        "process.List answers no processes",
+        ("envd/commands/background-connect",),
+    ),
+    Mutant(
+        "agent/pty/initial-size-ignored",
+        PROCESSES,
+        "            _set_winsize(master_fd, *spec.pty_size)\n",
+        "",
+        "a PTY starts with the kernel's default size instead of the one asked for",
+        ("envd/pty/session",),
+    ),
+    Mutant(
+        "agent/pty/resize-ignored",
+        PROCESS_RPC,
+        '        if request.HasField("pty"):\n            managed.resize(request.pty.size.cols, request.pty.size.rows)',
+        '        if request.HasField("pty"):\n            pass',
+        "process.Update (PTY resize) answers success but changes nothing",
+        ("envd/pty/session",),
+    ),
+    # --- the agent: /init and environment --------------------------------------------------------------
+    Mutant(
+        "agent/init/default-user-ignored",
+        "runtime/agent/_http.py",
+        '        if data.get("defaultUser"):\n            state.default_user = data["defaultUser"]',
+        '        if data.get("defaultUser"):\n            pass',
+        "/init's defaultUser is ignored: requests that name no user run as root",
+        (CREATE,),
+    ),
+    Mutant(
+        "agent/init/token-not-kept",
+        "runtime/agent/_http.py",
+        "        state.access_token = presented\n",
+        "        state.access_token = None\n",
+        "/init's access token is not kept: the agent answers requests without any token",
+        ("wire/envd/http-routes",),
+    ),
+    Mutant(
+        "agent/env/internal-vars-dropped",
+        "runtime/agent/_state.py",
+        "return {**self.env_vars, **self.internal}",
+        "return dict(self.env_vars)",
+        "processes no longer get E2B_SANDBOX, E2B_SANDBOX_ID and E2B_TEMPLATE_ID",
+        ("envd/commands/user-and-env",),
+    ),
+    # --- the agent: files and the filesystem ------------------------------------------------------------
+    Mutant(
+        "agent/files/mode-0600",
+        "runtime/agent/_files.py",
+        "os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)",
+        "os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)",
+        "uploaded files are created 0600 instead of 0666 less the umask (0644)",
+        (LIST_STAT,),
+    ),
+    Mutant(
+        "agent/files/metadata-not-cleared",
+        "runtime/agent/_files.py",
+        "                for name in os.listxattr(self.path):\n"
+        "                    if name.startswith(METADATA_PREFIX):\n"
+        "                        os.removexattr(self.path, name)\n",
+        "",
+        "an upload keeps the metadata of the file it replaces",
+        ("envd/files/metadata",),
+    ),
+    Mutant(
+        "agent/files/relative-from-root",
+        "runtime/agent/_paths.py",
+        "    return posixpath.normpath(posixpath.join(user.home, path))",
+        '    return posixpath.normpath(posixpath.join("/", path))',
+        "relative paths resolve against / instead of the user's home",
+        ("envd/files/text-bytes-stream",),
+    ),
+    Mutant(
+        "agent/fs/list-depth-ignored",
+        FILESYSTEM,
+        "depth = max(depth, 1)",
+        "depth = 1",
+        "ListDir ignores depth: only the first level is listed",
+        (LIST_STAT,),
+    ),
+    Mutant(
+        "agent/fs/list-reversed",
+        FILESYSTEM,
+        "names = sorted(os.listdir(real_dir), key=os.fsencode)",
+        "names = sorted(os.listdir(real_dir), key=os.fsencode, reverse=True)",
+        "ListDir lists each folder in reverse name order",
+        (LIST_STAT,),
+    ),
+    Mutant(
+        "agent/fs/make-dir-exists-ok",
+        FILESYSTEM,
+        '            raise FsError(ErrorKind.ALREADY_EXISTS, f"directory already exists: {path}")\n'
+        '        raise FsError(ErrorKind.INVALID_ARGUMENT, f"path already exists but it is not a directory',
+        "            return entry_info(path, users)\n"
+        '        raise FsError(ErrorKind.INVALID_ARGUMENT, f"path already exists but it is not a directory',
+        "MakeDir of an existing folder succeeds instead of answering already_exists",
+        (MKDIR,),
+    ),
+    Mutant(
+        "agent/fs/remove-missing-not-found",
+        FILESYSTEM,
+        "        info = os.lstat(path)\n    except FileNotFoundError:\n        return\n",
+        "        info = os.lstat(path)\n    except FileNotFoundError:\n"
+        '        raise FsError(ErrorKind.NOT_FOUND, f"file not found: {path}") from None\n',
+        "Remove of a missing path answers not_found instead of succeeding (rm -rf)",
+        (MKDIR,),
+    ),
+    Mutant(
+        "agent/watch/remove-event-dropped",
+        "runtime/agent/_inotify.py",
+        "(EventKind.REMOVE, IN_DELETE | IN_DELETE_SELF),",
+        "(EventKind.REMOVE, 0),",
+        "directory watches never report removals",
+        ("envd/watch/polling", "envd/watch/stream@py-async"),
+    ),
+    Mutant(
+        "agent/watch/rename-as-create",
+        "runtime/agent/_filesystem_service.py",
+        "EventKind.RENAME: pb.EVENT_TYPE_RENAME,",
+        "EventKind.RENAME: pb.EVENT_TYPE_CREATE,",
+        "watch events report a rename as a create",
+        ("envd/watch/stream@js",),
+    ),
+    # --- the runtime and the code interpreter ---------------------------------------------------------
+    Mutant(
+        "runtime/pause/memory-not-kept",
+        "runtime/_oci_backend.py",
+        "                if memory:\n                    await self._runtime.freeze(record.container)",
+        "                if False:\n                    await self._runtime.freeze(record.container)",
+        "a memory pause stops the container instead of freezing it (processes and memory are lost)",
+        (PAUSE_MEMORY,),
+    ),
+    Mutant(
+        "interpreter/results/main-result-flag",
+        "runtime/interpreter/_messages.py",
+        '{"execute_result": True, "display_data": False}',
+        '{"execute_result": False, "display_data": False}',
+        "the cell's own value is no longer marked is_main_result",
+        ("interpreter/run/basic",),
+    ),
+    Mutant(
+        "interpreter/languages/refusal-unnamed",
+        "runtime/interpreter/_languages.py",
+        'f"Failed to create context: the {language!r} language is not supported by this template"',
+        '"Failed to create context: the language is not supported by this template"',
+        "the refusal of a language with no kernel no longer names the language",
+        ("interpreter/languages/bash",),
+    ),
+)
