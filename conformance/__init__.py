@@ -14,6 +14,7 @@ if _TYPE_CHECKING:
     from ._cases import CASES, Case
     from ._clients import ensure_node_clients, ensure_python_clients
     from ._endpoint import EndpointError, ExternalEndpoint, ManagedServer
+    from ._matrix import MatrixError, load_report, write_matrix
     from ._model import CaseResult, ClientInfo, Outcome, RunInfo, Target
     from ._mutant_run import HEAVY_LOCK, MutantOptions, main_mutants
     from ._run import RunOptions, endpoint_from_environment, main_run
@@ -33,6 +34,9 @@ _LAZY = {
     "Outcome": "_model",
     "RunInfo": "_model",
     "Target": "_model",
+    "MatrixError": "_matrix",
+    "load_report": "_matrix",
+    "write_matrix": "_matrix",
     "HEAVY_LOCK": "_mutant_run",
     "MutantOptions": "_mutant_run",
     "main_mutants": "_mutant_run",
@@ -55,6 +59,7 @@ __all__ = [
     "EndpointError",
     "ExternalEndpoint",
     "ManagedServer",
+    "MatrixError",
     "MutantOptions",
     "Outcome",
     "RunInfo",
@@ -63,7 +68,9 @@ __all__ = [
     "endpoint_from_environment",
     "ensure_node_clients",
     "ensure_python_clients",
+    "load_report",
     "main_mutants",
     "main_run",
     "verify",
+    "write_matrix",
 ]

@@ -21,9 +21,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-__all__ = ["REPORT_SCHEMA_VERSION", "CaseResult", "ClientInfo", "Outcome", "RunInfo", "Target"]
+__all__ = ["REPORT_SCHEMA_VERSION", "CaseResult", "ClientInfo", "MutationScore", "Outcome", "RunInfo", "Target"]
 
-REPORT_SCHEMA_VERSION = "1.1"
+REPORT_SCHEMA_VERSION = "1.2"
 
 
 class Outcome(enum.Enum):
@@ -76,6 +76,25 @@ class Target:
 
 
 @dataclass(frozen=True)
+class MutationScore:
+    """A mutants session's outcome (``nox -s mutants``), carried into a report's appendix."""
+
+    source: str  # the mutants.json it was read from
+    sha256: str  # of that file
+    started_at: str
+    tree: str  # the checkout the mutants were planted in, as the session named it
+    killed: int
+    survived: int
+    errors: int
+    survivors: tuple[tuple[str, str], ...] = ()  # (mutant id, the behaviour it changes)
+
+    @property
+    def value(self) -> float:
+        judged = self.killed + self.survived
+        return self.killed / judged if judged else 0.0
+
+
+@dataclass(frozen=True)
 class RunInfo:
     target: Target
     contract_manifest_sha256: str  # digest of contract/manifest.json: which contract was tested
@@ -83,3 +102,4 @@ class RunInfo:
     finished_at: str
     harness_version: str
     results: tuple[CaseResult, ...] = field(default=())
+    mutation: MutationScore | None = None  # the report's appendix, when a mutants session is given

@@ -8,19 +8,23 @@ was seen to be in what ran; and the score, killed / (killed + survived). They go
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ._model import MutationScore
 from ._mutants import CaseKey, MutantOutcome, MutantResult, score
 
 __all__ = [
     "MUTANTS_JSON",
     "MUTANTS_MARKDOWN",
     "MutantRun",
+    "MutantsFileError",
     "default_mutants_directory",
+    "load_mutation_score",
     "to_json",
     "to_markdown",
     "write_outputs",
@@ -165,3 +169,39 @@ def write_outputs(directory: Path, run: MutantRun) -> tuple[Path, Path]:
     document = directory / MUTANTS_JSON
     document.write_bytes(to_json(run))
     return document, markdown
+
+
+class MutantsFileError(ValueError):
+    """A file given as a mutants session's output is not one."""
+
+
+def load_mutation_score(path: Path) -> MutationScore:
+    """A session's score and survivors from its mutants.json (or its folder), for a report's appendix."""
+    source = path / MUTANTS_JSON if path.is_dir() else path
+    try:
+        data = source.read_bytes()
+        document = json.loads(data)
+        if document.get("schema_version") != SCHEMA_VERSION:
+            version = document.get("schema_version")
+            raise MutantsFileError(f"{source}: not a mutants session's output (schema_version {version!r}, not 1.0)")
+        counts = document["score"]
+        survivors = tuple(
+            (str(m["id"]), str(m["description"])) for m in document["mutants"] if m["outcome"] == "survived"
+        )
+        found = MutationScore(
+            source=str(source),
+            sha256=hashlib.sha256(data).hexdigest(),
+            started_at=str(document["started_at"]),
+            tree=str(document["tree"]),
+            killed=int(counts["killed"]),
+            survived=int(counts["survived"]),
+            errors=int(counts["errors"]),
+            survivors=survivors,
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        if isinstance(exc, MutantsFileError):
+            raise
+        raise MutantsFileError(f"{source}: not a mutants session's output ({exc!r})") from None
+    if len(found.survivors) != found.survived:
+        raise MutantsFileError(f"{source}: its score counts {found.survived} survivors, its mutants {len(survivors)}")
+    return found

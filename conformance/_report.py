@@ -152,6 +152,23 @@ def _field_rows(cov: Coverage) -> list[dict[str, Any]]:
     return rows
 
 
+def _mutation(run: RunInfo) -> dict[str, Any] | None:
+    found = run.mutation
+    if found is None:
+        return None
+    return {
+        "source": found.source,
+        "sha256": found.sha256,
+        "started_at": found.started_at,
+        "tree": found.tree,
+        "killed": found.killed,
+        "survived": found.survived,
+        "errors": found.errors,
+        "score": round(found.value, 4),
+        "survivors": [{"id": mutant, "description": what} for mutant, what in found.survivors],
+    }
+
+
 def report_document(
     run: RunInfo, cov: Coverage, gate_result: GateResult, *, stale_known_failures: Sequence[KnownFailure] = ()
 ) -> dict[str, Any]:
@@ -218,6 +235,7 @@ def report_document(
         "stale_known_failures": [
             _known(e) for e in sorted(stale_known_failures, key=lambda e: (e.case, e.flavour, e.reason))
         ],
+        "mutation": _mutation(run),
         "gate": {
             "passed": gate_result.passed,
             "policy_sha256": gate_result.policy_sha256,
@@ -489,7 +507,25 @@ def to_markdown(
             ([_code(r.case), _md(r.client.flavour), _md(first_line(r.detail) or "failed")] for r in failures),
         )
     lines += _field_matrix(cov)
+    lines += _mutation_appendix(run)
     return "\n".join(lines) + "\n"
+
+
+def _mutation_appendix(run: RunInfo) -> list[str]:
+    found = run.mutation
+    lines = ["", "## Appendix: mutation score", ""]
+    if found is None:
+        return [*lines, "No mutants session was given (`--mutants`; docs/MUTANTS.md)."]
+    lines += [
+        f"{found.killed} of {found.killed + found.survived} mutants killed: **{found.value * 100:.1f} %** "
+        f"({found.errors} not judged), by the session of {_md(found.started_at)} on {_md(found.tree)} "
+        f"({_code(found.source)}, sha256 {_code(found.sha256[:16])}).",
+        "",
+    ]
+    if not found.survivors:
+        return [*lines, "No mutant survived."]
+    lines += ["Survivors (behaviour changes no case noticed):", ""]
+    return lines + [f"- {_code(mutant)}: {_md(what)}" for mutant, what in found.survivors]
 
 
 def _percent(green: int, total: int) -> str:

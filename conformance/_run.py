@@ -40,6 +40,7 @@ from ._endpoint import Endpoint, EndpointError, ExternalEndpoint, ManagedServer
 from ._gate import apply_known_failures, evaluate, load_known_failures, load_policy
 from ._harness import ClientSet, RunPlan, run_cases
 from ._model import CaseResult, ClientInfo, Outcome, RunInfo
+from ._mutant_report import MutantsFileError, load_mutation_score
 from ._properties import envd_runner, property_results
 from ._recorder import check_drift, fixture_path
 from ._report import write_report
@@ -67,6 +68,7 @@ class RunOptions:
     server_name: str
     backend: str
     jobs: int = 1  # scenario cases run side by side (``RunPlan.jobs``)
+    mutants: Path | None = None  # a mutants session's mutants.json (or folder): the report's appendix
 
 
 def _probe(endpoint: Endpoint, feature: dict[str, Any]) -> tuple[bool, str]:
@@ -230,6 +232,11 @@ def _start_ours(console: Console) -> tuple[ManagedServer, Path]:
 
 def main_run(options: RunOptions) -> int:
     console = Console(stderr=True)
+    try:  # read first: a wrong file must not cost a whole run
+        mutation = None if options.mutants is None else load_mutation_score(options.mutants)
+    except MutantsFileError as exc:
+        console.print(f"[red]mutants: {exc}[/red]")
+        return 2
     client_sets = _client_sets(options, console)
     managed: ManagedServer | None = None
     endpoint: Endpoint
@@ -264,7 +271,7 @@ def main_run(options: RunOptions) -> int:
             managed.release_everything()
             shutil.rmtree(data_dir, ignore_errors=True)
     applied = apply_known_failures(run.results, load_known_failures())
-    run = replace(run, results=tuple(applied.results))
+    run = replace(run, results=tuple(applied.results), mutation=mutation)
     cov = coverage(
         run.results, load_inventory(), flavours=FLAVOURS, fields=load_fields(), field_notes=load_field_notes()
     )

@@ -43,7 +43,7 @@ if _TYPE_CHECKING:
         LockFileError,
     )
     from ._fetch import ArtifactStore, Downloader, NpmDownloader, PipDownloader, VerifiedArtifact, default_cache_root
-    from ._fields import Field, flavour_reaches, load_fields
+    from ._fields import Field, flavour_reaches, load_fields, not_sent
     from ._inventory import Operation, load_inventory
     from ._lock import Artifact, Lock, load_lock
 
@@ -72,7 +72,7 @@ _LAZY = {
         ("ArtifactStore", "Downloader", "NpmDownloader", "PipDownloader", "VerifiedArtifact", "default_cache_root"),
         "_fetch",
     ),
-    **dict.fromkeys(("Field", "flavour_reaches", "load_fields"), "_fields"),
+    **dict.fromkeys(("Field", "flavour_reaches", "load_fields", "not_sent"), "_fields"),
     "Operation": "_inventory",
     "load_inventory": "_inventory",
     "Artifact": "_lock",
@@ -111,5 +111,6 @@ __all__ = [
     "load_fields",
     "load_inventory",
     "load_lock",
+    "not_sent",
     "write",
 ]

@@ -9,6 +9,8 @@ A *field* is one thing a request carries besides its route, on an operation the 
   envd descriptor set; map entries and well-known types are leaves);
 - ``header.<Name>``: a header the clients set on that kind of request (``HEADERS`` below).
 
+A field the contract has but no pinned client sends (``NOT_SENT``) is not listed.
+
 Only leaves are listed: a container (``body.network``) has no effect of its own beyond its
 fields'. Path parameters are the operation's identity and are not fields. A field's id is
 ``<operation id>:<key>``, e.g. ``control.sandboxes.create:body.network.maskRequestHost`` or
@@ -58,6 +60,27 @@ HEADERS: tuple[tuple[str, str | None, str, tuple[str, ...] | None], ...] = (
     ("interpreter", None, "X-Access-Token", None),
     ("interpreter", None, "E2B-Traffic-Access-Token", None),  # private sandboxes' ports
 )
+
+# Fields the contract has but no pinned client ever sends, so that no client user can depend on
+# them and they are not enumerated: ``key`` on each of ``operations`` → why. Process tags are
+# the other arm of the selector oneof (``pid`` | ``tag``): the clients select processes by pid
+# and start them without a tag (tags are only read, from List answers).
+# tests/contract/test_fields.py checks these against the pinned clients' sources.
+_PROCESS_SELECTED = ("Connect", "SendInput", "SendSignal", "CloseStdin", "Update")
+NOT_SENT: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("message.tag", ("envd.process.Start",), "no client starts a process with a tag"),
+    (
+        "message.process.tag",
+        tuple(f"envd.process.{name}" for name in _PROCESS_SELECTED),
+        "the clients select a process by pid only",
+    ),
+)
+
+
+def not_sent() -> dict[str, str]:
+    """Field id → why no pinned client sends it (these are left out of ``load_fields``)."""
+    return {f"{operation}:{key}": why for key, operations, why in NOT_SENT for operation in operations}
+
 
 # Descriptor field types that nest (TYPE_MESSAGE); map entries and well-known types do not.
 _MESSAGE = descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE
@@ -181,8 +204,10 @@ def _header_fields(operation: Operation) -> Iterator[str]:
             yield f"header.{name}"
 
 
-def load_fields(derived: Path = DERIVED_DIR, operations: list[Operation] | None = None) -> tuple[Field, ...]:
-    """Every field of every operation the SDKs call, sorted by id."""
+def load_fields(
+    derived: Path = DERIVED_DIR, operations: list[Operation] | None = None, *, include_not_sent: bool = False
+) -> tuple[Field, ...]:
+    """Every field of every operation the SDKs call, sorted by id, except those in ``NOT_SENT``."""
     operations = load_inventory(derived / "inventory.json") if operations is None else operations
     docs = {surface: json.loads((derived / name).read_text(encoding="utf-8")) for surface, name in _OPENAPI.items()}
     descriptors = descriptor_pb2.FileDescriptorSet.FromString((derived / "envd.descriptor-set.binpb").read_bytes())
@@ -201,7 +226,8 @@ def load_fields(derived: Path = DERIVED_DIR, operations: list[Operation] | None 
         else:
             found = []
         keys.update(Field(operation.id, key) for key in _leaves((*found, *_header_fields(operation))))
-    return tuple(sorted(keys, key=lambda field: field.id))
+    unsent = {} if include_not_sent else not_sent()
+    return tuple(sorted((f for f in keys if f.id not in unsent), key=lambda field: field.id))
 
 
 def _leaves(keys: tuple[str, ...]) -> Iterator[str]:

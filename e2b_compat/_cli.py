@@ -292,6 +292,7 @@ def _conformance_run(args: argparse.Namespace) -> int:
         server_name=args.server_name,
         backend=args.backend,
         jobs=args.jobs,
+        mutants=args.mutants,
     )
     return main_run(options)
 
@@ -312,6 +313,32 @@ def _conformance_mutants(args: argparse.Namespace) -> int:
         list_only=args.list,
     )
     return main_mutants(options)
+
+
+def _conformance_matrix(args: argparse.Namespace) -> int:
+    from conformance import MatrixError, load_report, write_matrix  # noqa: PLC0415
+
+    try:
+        reports = [load_report(path, trusted_fingerprint=args.fingerprint) for path in args.reports]
+        json_path, markdown_path = write_matrix(reports, args.output)
+    except MatrixError as exc:
+        print(f"e2b-compat: {exc}", file=sys.stderr)
+        return 1
+    print(f"{markdown_path}\n{json_path}")
+    return 0
+
+
+def _add_matrix_action(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    matrix = actions.add_parser(
+        "matrix",
+        help="merge several reports (backends, template sets, client versions) into one compatibility matrix",
+        description="Each report is validated and its signature checked; writes OUTPUT/matrix.md and "
+        "OUTPUT/matrix.json (docs/REPORT.md). Exit 1 when a report cannot be merged.",
+    )
+    matrix.add_argument("reports", type=Path, nargs="+", metavar="REPORT", help="a report folder or its report.json")
+    matrix.add_argument("--output", type=Path, required=True, help="the folder for matrix.md and matrix.json")
+    matrix.add_argument("--fingerprint", default=None, help="require every report signed by this key")
+    matrix.set_defaults(func=_conformance_matrix)
 
 
 def _add_mutants_action(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -394,7 +421,15 @@ def _add_conformance_group(groups: argparse._SubParsersAction[argparse.ArgumentP
         default=None,
         help="Ed25519 key (default: $E2B_COMPAT_SIGNING_KEY or ~/.config/e2b-compat)",
     )
+    run.add_argument(
+        "--mutants",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="a mutants session's mutants.json (or its folder): its score and survivors go into the report",
+    )
     run.set_defaults(func=_conformance_run)
+    _add_matrix_action(actions)
     _add_mutants_action(actions)
 
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
+
+import pytest
 
 from conformance._mutant_report import (
     MUTANTS_JSON,
     MUTANTS_MARKDOWN,
     MutantRun,
+    MutantsFileError,
     default_mutants_directory,
+    load_mutation_score,
     to_json,
     to_markdown,
     write_outputs,
@@ -105,3 +110,28 @@ def test_outputs_go_beside_the_reports_by_start_time(tmp_path: Path) -> None:
     assert (document.name, markdown.name) == (MUTANTS_JSON, MUTANTS_MARKDOWN)
     assert document.read_bytes() == to_json(RUN)
     assert markdown.read_text() == to_markdown(RUN)
+
+
+def test_a_sessions_score_and_survivors_are_read_back_for_a_report(tmp_path: Path) -> None:
+    json_path, _ = write_outputs(tmp_path / "session", RUN)
+    for given in (json_path, json_path.parent):
+        found = load_mutation_score(given)
+        assert (found.killed, found.survived, found.errors, found.value) == (1, 1, 1, 0.5)
+        assert found.survivors == (("server/create/survived", "answers 200 | not 201"),)
+        assert found.tree == RUN.tree
+        assert found.started_at == RUN.started_at
+        assert found.sha256 == hashlib.sha256(json_path.read_bytes()).hexdigest()
+
+
+def test_a_file_that_is_no_sessions_output_is_refused(tmp_path: Path) -> None:
+    for name, text in (("a.json", "{"), ("b.json", '{"schema_version": "9"}'), ("c.json", '{"schema_version": "1.0"}')):
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        with pytest.raises(MutantsFileError, match=name):
+            load_mutation_score(tmp_path / name)
+    with pytest.raises(MutantsFileError, match="not a mutants session"):
+        load_mutation_score(tmp_path / "missing")
+    document = json.loads(to_json(RUN))
+    document["score"]["survived"] = 2
+    (tmp_path / "d.json").write_text(json.dumps(document), encoding="utf-8")
+    with pytest.raises(MutantsFileError, match="counts 2 survivors"):
+        load_mutation_score(tmp_path / "d.json")

@@ -16,7 +16,15 @@ from hypothesis import strategies as st
 
 from conformance._coverage import CellOutcome, coverage
 from conformance._gate import GatePolicy, GateResult, KnownFailure, evaluate, load_policy
-from conformance._model import REPORT_SCHEMA_VERSION, CaseResult, ClientInfo, Outcome, RunInfo, Target
+from conformance._model import (
+    REPORT_SCHEMA_VERSION,
+    CaseResult,
+    ClientInfo,
+    MutationScore,
+    Outcome,
+    RunInfo,
+    Target,
+)
 from conformance._report import (
     LEGEND,
     REPORT_SCHEMA_PATH,
@@ -481,3 +489,36 @@ def test_a_flavour_column_names_every_client_package_it_ran() -> None:
         _column("js", {"e2b": "2.33.0", "@e2b/code-interpreter": "2.6.1"})
         == "js (@e2b/code-interpreter 2.6.1, e2b 2.33.0)"
     )
+
+
+def test_a_mutants_session_is_the_reports_appendix() -> None:
+    score = MutationScore(
+        source="reports/mutants/x/mutants.json",
+        sha256="ab" * 32,
+        started_at="2026-05-09T07:00:00Z",
+        tree="/work/main at 0123456789ab",
+        killed=9,
+        survived=1,
+        errors=2,
+        survivors=(("server/list/reversed", "lists newest first"),),
+    )
+    run = dataclasses.replace(MIXED, mutation=score)
+    cov = coverage(run.results, INVENTORY)
+    document = validate(to_json(run, cov, gate_of(run)))
+    assert document["mutation"] == {
+        "source": "reports/mutants/x/mutants.json",
+        "sha256": "ab" * 32,
+        "started_at": "2026-05-09T07:00:00Z",
+        "tree": "/work/main at 0123456789ab",
+        "killed": 9,
+        "survived": 1,
+        "errors": 2,
+        "score": 0.9,
+        "survivors": [{"id": "server/list/reversed", "description": "lists newest first"}],
+    }
+    markdown = to_markdown(run, cov, gate_of(run))
+    appendix = markdown[markdown.index("## Appendix: mutation score") :]
+    assert "9 of 10 mutants killed: **90.0 %** (2 not judged)" in appendix
+    assert "- `server/list/reversed`: lists newest first" in appendix
+    assert validate(to_json(MIXED, cov, gate_of(MIXED)))["mutation"] is None
+    assert "No mutants session was given" in to_markdown(MIXED, cov, gate_of(MIXED))

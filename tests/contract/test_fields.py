@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from contract import flavour_reaches, load_fields, load_inventory
+import re
+
+import pytest
+
+from conformance._clients import ensure_node_clients, ensure_python_clients
+from contract import flavour_reaches, load_fields, load_inventory, not_sent
 
 
 def test_the_create_body_is_enumerated_to_its_nested_leaves() -> None:
@@ -56,3 +61,32 @@ def test_flavours_reach_operations_through_their_entry_points() -> None:
     assert not flavour_reaches(stream, "py-sync")
     assert flavour_reaches(stream, "py-async")
     assert flavour_reaches(stream, "js")
+
+
+def test_fields_no_client_sends_are_contract_fields_left_out() -> None:
+    listed = {field.id for field in load_fields()}
+    every = {field.id for field in load_fields(include_not_sent=True)}
+    unsent = not_sent()
+    assert unsent, "the table is not empty"
+    assert set(unsent) <= every, "each names a field the contract has"
+    assert not set(unsent) & listed
+    assert every - listed == set(unsent)
+
+
+# What sending a process tag would take in each pinned client's sources: a selector built from a
+# tag (Python ``ProcessSelector(tag=...)``, JS ``{case: "tag"}``) or a StartRequest given one.
+_PYTHON_TAG_SENT = re.compile(r"\btag\s*=(?!\s*p\.tag\b)")  # ``tag=p.tag`` only copies List answers
+_JS_TAG_SELECTOR = re.compile(r"case:\s*[\"']tag[\"']")
+
+
+@pytest.mark.artifacts
+def test_the_pinned_clients_never_send_a_process_tag() -> None:
+    python = ensure_python_clients().site_packages / "e2b"
+    # The sandbox classes are what talks to envd (template builds have tags of their own, unrelated).
+    sources = [p for d in ("sandbox", "sandbox_sync", "sandbox_async") for p in (python / d).rglob("*.py")]
+    assert any("ProcessSelector(pid=" in p.read_text(encoding="utf-8") for p in sources), "selectors are by pid"
+    sending = [str(p) for p in sources if _PYTHON_TAG_SENT.search(p.read_text(encoding="utf-8"))]
+    assert not sending, f"these set a process tag: {sending}"
+    bundle = (ensure_node_clients().root / "node_modules" / "e2b" / "dist" / "index.js").read_text(encoding="utf-8")
+    assert re.search(r"case:\s*[\"']pid[\"']", bundle), "selectors are by pid"
+    assert not _JS_TAG_SELECTOR.search(bundle)

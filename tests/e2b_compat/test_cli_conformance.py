@@ -78,3 +78,23 @@ def test_an_unsigned_or_missing_report_exits_1(tmp_path: Path, capsys: pytest.Ca
     (tmp_path / "report.json").write_text("{}\n", encoding="utf-8")
     assert main(["conformance", "verify", str(tmp_path)]) == 1
     assert "report.json.sig does not exist" in capsys.readouterr().err
+
+
+def test_matrix_merges_reports_and_refuses_a_duplicate(
+    report_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["conformance", "matrix", str(report_dir), "--output", str(tmp_path / "m")]) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / "m" / "matrix.md"), str(tmp_path / "m" / "matrix.json")]
+    assert "| 1 | crun | base |" in (tmp_path / "m" / "matrix.md").read_text(encoding="utf-8")
+    out = tmp_path / "twice"
+    assert main(["conformance", "matrix", str(report_dir), str(report_dir / "report.json"), "--output", str(out)]) == 1
+    assert "both reports of backend crun" in capsys.readouterr().err
+    assert not out.exists(), "nothing is written when the merge fails"
+
+
+def test_run_refuses_a_mutants_file_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "mutants.json").write_text("{}", encoding="utf-8")
+    assert main(["conformance", "run", "--mutants", str(tmp_path / "mutants.json")]) == 2
+    assert "not a mutants session" in " ".join(capsys.readouterr().err.split())

@@ -1,0 +1,231 @@
+"""``e2b-compat conformance matrix``: several signed reports merged into one compatibility matrix.
+
+A report (``_report``) is one run: one endpoint and backend, the templates its cases used, and
+the client versions it ran. Runs over several backends, template sets or client versions are
+merged here into ``matrix.json`` (canonical, like report.json) and ``matrix.md``:
+
+- one row per report, keyed by (backend, templates, client versions): whether its signature
+  holds, its gate, and per flavour the cases passed, field coverage and compatibility score;
+- the cases that did not pass everywhere, one column per (report, flavour), so that a case
+  failing only on one backend or one client version stands out.
+
+Reports are read, validated against ``report.schema.json`` and their signatures checked; a report
+whose signature is present but wrong, a document that is not a report, or two reports with the
+same key is an error (``MatrixError``): a matrix must not silently pick one of two answers.
+An unsigned report is merged and shown as such.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from ._report import REPORT_JSON, REPORT_SCHEMA_PATH
+from ._signing import signature_paths, verify
+
+__all__ = ["MatrixError", "MergedReport", "load_report", "matrix_document", "write_matrix"]
+
+MATRIX_JSON = "matrix.json"
+MATRIX_MARKDOWN = "matrix.md"
+MATRIX_SCHEMA_VERSION = "1.0"
+FLAVOURS = ("py-sync", "py-async", "js")
+
+
+class MatrixError(ValueError):
+    """A report cannot be merged (not a report, a broken signature, a duplicate key)."""
+
+
+@dataclass(frozen=True)
+class MergedReport:
+    """One report as the matrix sees it."""
+
+    path: Path  # its report.json
+    document: dict[str, Any]
+    signed: bool
+    fingerprint: str | None
+
+    @property
+    def backend(self) -> str:
+        return str(self.document["target"]["backend"])
+
+    @property
+    def templates(self) -> str:
+        return str(self.document["target"]["template"])
+
+    @property
+    def clients(self) -> tuple[str, ...]:
+        """``py-sync e2b 2.32.0``, one per (flavour, package, version) the run used."""
+        return tuple(f"{c['flavour']} {c['package']} {c['version']}" for c in self.document["clients"])
+
+    @property
+    def key(self) -> tuple[str, str, tuple[str, ...]]:
+        return (self.backend, self.templates, self.clients)
+
+
+def load_report(path: Path, *, trusted_fingerprint: str | None = None) -> MergedReport:
+    """Read a report folder (or its report.json), validate it and check its signature if it has one."""
+    report = path / REPORT_JSON if path.is_dir() else path
+    try:
+        document = json.loads(report.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise MatrixError(f"{report}: not a readable JSON report ({exc})") from None
+    schema = json.loads(REPORT_SCHEMA_PATH.read_text(encoding="utf-8"))
+    problem = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(document))
+    if problem is not None:
+        where = "/".join(str(part) for part in problem.absolute_path) or "(top)"
+        raise MatrixError(f"{report}: not a conformance report ({where}: {problem.message})")
+    signature, public_key = signature_paths(report)
+    if not signature.exists() and not public_key.exists():
+        if trusted_fingerprint is not None:
+            raise MatrixError(f"{report}: unsigned, but a trusted key was asked for")
+        return MergedReport(report, document, signed=False, fingerprint=None)
+    checked = verify(report, trusted_fingerprint=trusted_fingerprint)
+    if not checked:
+        raise MatrixError(f"{report}: {checked.problem}")
+    return MergedReport(report, document, signed=True, fingerprint=checked.fingerprint)
+
+
+def _ordered(reports: Sequence[MergedReport]) -> list[MergedReport]:
+    seen: dict[tuple[str, str, tuple[str, ...]], MergedReport] = {}
+    for report in reports:
+        other = seen.get(report.key)
+        if other is not None:
+            raise MatrixError(
+                f"{other.path} and {report.path} are both reports of backend {report.backend}, "
+                f"templates {report.templates}, clients {', '.join(report.clients)}: merge one of them"
+            )
+        seen[report.key] = report
+    return [seen[key] for key in sorted(seen)]
+
+
+def _flavour_row(summary: dict[str, Any]) -> dict[str, Any]:
+    cases = summary["cases"]
+    score = summary["score"]
+    return {
+        "cases_passed": cases.get("pass", 0) + cases.get("fixed", 0),
+        "cases_total": sum(cases.values()),
+        "cases_failed": cases.get("fail", 0),
+        "field_coverage": score["field_coverage"],
+        "compatibility": score["compatibility"],
+    }
+
+
+def _outcomes(report: MergedReport) -> dict[tuple[str, str], str]:
+    """(case, flavour) → the worst outcome of that case's results (several client versions)."""
+    order = ("fail", "known-fail", "skip", "unsupported", "fixed", "pass")
+    found: dict[tuple[str, str], str] = {}
+    for result in report.document["results"]:
+        key = (result["case"], result["client"]["flavour"])
+        outcome = result["outcome"]
+        previous = found.get(key)
+        if previous is None or order.index(outcome) < order.index(previous):
+            found[key] = outcome
+    return found
+
+
+def matrix_document(reports: Sequence[MergedReport]) -> dict[str, Any]:
+    """The merged matrix as a JSON-ready dict."""
+    if not reports:
+        raise MatrixError("no reports to merge")
+    ordered = _ordered(reports)
+    rows = []
+    outcomes = [_outcomes(report) for report in ordered]
+    for index, report in enumerate(ordered, 1):
+        summary = report.document["summary"]
+        rows.append(
+            {
+                "run": index,
+                "report": str(report.path),
+                "backend": report.backend,
+                "templates": report.templates,
+                "clients": list(report.clients),
+                "started_at": report.document["started_at"],
+                "signed": report.signed,
+                "fingerprint": report.fingerprint,
+                "gate_passed": report.document["gate"]["passed"],
+                "flavours": {
+                    flavour: _flavour_row(summary[flavour])
+                    for flavour in FLAVOURS
+                    if flavour in summary and sum(summary[flavour]["cases"].values())  # a flavour that ran
+                },
+            }
+        )
+    cases = sorted({case for found in outcomes for case, _ in found})
+    differing = []
+    for case in cases:
+        cells = {
+            f"{index}:{flavour}": found[case, flavour]
+            for index, found in enumerate(outcomes, 1)
+            for flavour in FLAVOURS
+            if (case, flavour) in found
+        }
+        if any(outcome not in ("pass", "fixed") for outcome in cells.values()):
+            differing.append({"case": case, "cells": cells})
+    return {"schema_version": MATRIX_SCHEMA_VERSION, "runs": rows, "cases_not_passing_everywhere": differing}
+
+
+def _percent(value: float) -> str:
+    return f"{value * 100:.1f} %"
+
+
+def to_markdown(document: dict[str, Any]) -> str:
+    runs = document["runs"]
+    lines = [
+        "# Compatibility matrix",
+        "",
+        f"{len(runs)} report(s) merged; one row per (backend, templates, clients).",
+        "",
+    ]
+    header = ["run", "backend", "templates", "clients", "signed", "gate"]
+    for flavour in FLAVOURS:
+        header += [f"{flavour} cases", f"{flavour} fields", f"{flavour} score"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for run in runs:
+        cells = [
+            str(run["run"]),
+            run["backend"],
+            run["templates"],
+            "<br>".join(run["clients"]),
+            f"yes ({run['fingerprint'][:16]}…)" if run["signed"] else "no",
+            "passed" if run["gate_passed"] else "FAILED",
+        ]
+        for flavour in FLAVOURS:
+            row = run["flavours"].get(flavour)
+            if row is None:
+                cells += ["-", "-", "-"]
+            else:
+                cells += [
+                    f"{row['cases_passed']}/{row['cases_total']}",
+                    _percent(row["field_coverage"]),
+                    _percent(row["compatibility"]),
+                ]
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    lines += ["", "## Cases that did not pass everywhere", ""]
+    differing = document["cases_not_passing_everywhere"]
+    if not differing:
+        lines.append("None: every case passed in every run it ran in.")
+    else:
+        columns = [f"{run['run']}:{flavour}" for run in runs for flavour in FLAVOURS if flavour in run["flavours"]]
+        lines += ["| case | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 1)]
+        for row in differing:
+            lines.append(f"| `{row['case']}` | " + " | ".join(row["cells"].get(c, "") for c in columns) + " |")
+    lines += ["", "Reports:", ""]
+    lines += [f"{run['run']}. `{run['report']}` ({run['started_at']})" for run in runs]
+    return "\n".join(lines) + "\n"
+
+
+def write_matrix(reports: Sequence[MergedReport], output: Path) -> tuple[Path, Path]:
+    """Write matrix.json and matrix.md into ``output``; nothing is written if the merge fails."""
+    document = matrix_document(reports)
+    text = json.dumps(document, sort_keys=True, ensure_ascii=False, indent=2) + "\n"
+    markdown = to_markdown(document)
+    output.mkdir(parents=True, exist_ok=True)
+    json_path, markdown_path = output / MATRIX_JSON, output / MATRIX_MARKDOWN
+    json_path.write_text(text, encoding="utf-8")
+    markdown_path.write_text(markdown, encoding="utf-8")
+    return json_path, markdown_path
