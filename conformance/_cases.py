@@ -11,14 +11,16 @@ Families:
   trips in parallel on one sandbox) on one sandbox the script creates; runs against a bare agent
   in the clients' debug mode or through any control plane.
 - ``sandbox``: the control plane's lifecycle (create, list, pause, connect, snapshots, metrics,
-  owners) with real sandboxes, and a burst of 32 parallel creates from two owners in which every
-  sandbox proves its identity (``parallel-creates``); needs a control plane.
+  owners) with real sandboxes, a secure sandbox's envd token and signed file URLs, and a burst
+  of 32 parallel creates from two owners in which every sandbox proves its identity
+  (``parallel-creates``); needs a control plane.
 - ``interpreter``: the code interpreter (port 49999: ``/execute`` and ``/contexts``) through the
   official interpreter clients (``e2b_code_interpreter``, ``@e2b/code-interpreter``), on sandboxes
   of their default template ``code-interpreter-v1``: results and their MIME forms (DataFrame HTML,
   matplotlib PNG and chart, display calls), errors, execution counts, contexts, per-run
-  environment variables, interrupting an abandoned run, concurrent contexts, bash and the
-  languages the template has no kernel for, and the traffic token on a private sandbox's port.
+  environment variables and a secure sandbox's own in every context, interrupting an abandoned
+  run, concurrent contexts, bash and the languages the template has no kernel for, and the
+  traffic token on a private sandbox's port (code runs and every contexts call).
   Needs a control plane and that template.
 """
 
@@ -29,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _checks as checks
+from . import _checks_interpreter as interpreter_checks
+from . import _checks_sandbox as sandbox_checks
 
 __all__ = ["CASES", "FAMILY_TEMPLATES", "Case", "Check", "cases"]
 
@@ -64,6 +68,12 @@ OWNED = (
 )  # and kill, which every case has (LIFE)
 FILESYSTEM = tuple(f"envd.filesystem.{name}" for name in ("MakeDir", "ListDir", "Stat", "Move", "Remove"))
 PROCESS = ("message.process.cmd", "message.process.args")  # what every command sends
+# The process and watch RPCs sandbox/users-and-tokens sends to a secure sandbox with and without its
+# token (each flavour's client sends its own watch calls: CreateWatcher and the rest, or WatchDir).
+TOKEN_RPCS = (
+    *(f"envd.process.{name}" for name in ("Connect", "SendInput", "SendSignal", "CloseStdin", "Update")),
+    *(f"envd.filesystem.{name}" for name in ("WatchDir", "CreateWatcher", "GetWatcherEvents", "RemoveWatcher")),
+)
 
 # The template each family's scenarios create their sandboxes from (the clients' defaults).
 FAMILY_TEMPLATES = {"envd": "base", "sandbox": "base", "interpreter": "code-interpreter-v1"}
@@ -161,7 +171,19 @@ CASES: tuple[Case, ...] = (
         fields=on("envd.process.SendSignal", "message.process.pid", "message.signal"),
     ),
     _envd(
-        "commands/timeout", ("py-sync",), (START,), checks.envd_timeout, fields=on(START, "header.Connect-Timeout-Ms")
+        "commands/timeout",
+        ALL,
+        (START, "envd.filesystem.Stat"),
+        checks.envd_timeout,
+        fields=on(START, "header.Connect-Timeout-Ms"),
+    ),
+    # The JS client enforces a stream's deadline itself as well, so only the Python clients show the agent's.
+    _envd(
+        "commands/connect-timeout",
+        ("py-sync", "py-async"),
+        (START, "envd.process.Connect", "envd.process.List", "envd.filesystem.Stat"),
+        checks.envd_connect_timeout,
+        fields=on("envd.process.Connect", "header.Connect-Timeout-Ms"),
     ),
     _envd("commands/user-and-env", ("py-sync",), (START,), checks.envd_user, fields=on(START, "header.Authorization")),
     _envd(
@@ -170,6 +192,7 @@ CASES: tuple[Case, ...] = (
         (START, "envd.process.Update", "envd.process.SendInput"),
         checks.envd_pty,
         fields=(
+            *on(START, "message.pty.size.cols", "message.pty.size.rows"),
             *on("envd.process.Update", "message.process.pid", "message.pty.size.cols", "message.pty.size.rows"),
             *on("envd.process.SendInput", "message.input.pty"),
         ),
@@ -180,6 +203,18 @@ CASES: tuple[Case, ...] = (
         (UPLOAD, DOWNLOAD),
         checks.envd_text_bytes,
         fields=(*on(UPLOAD, "query.path"), *on(DOWNLOAD, "query.path")),
+    ),
+    _envd(
+        "files/size-classes",
+        ALL,
+        (UPLOAD, DOWNLOAD, "envd.filesystem.Stat", START),
+        checks.envd_size_classes,
+    ),
+    _envd(
+        "errors/messages",
+        ALL,
+        (DOWNLOAD, UPLOAD, START, "envd.process.Connect", *FILESYSTEM),
+        checks.envd_error_messages,
     ),
     _envd("files/write-many", ("py-sync", "js"), (UPLOAD,), checks.envd_write_many),
     _envd(
@@ -217,6 +252,7 @@ CASES: tuple[Case, ...] = (
         fields=(
             *on("envd.filesystem.CreateWatcher", "message.path", "message.recursive"),
             *on("envd.filesystem.GetWatcherEvents", "message.watcher_id"),
+            *on("envd.filesystem.RemoveWatcher", "message.watcher_id"),
         ),
     ),
     _envd(
@@ -226,27 +262,55 @@ CASES: tuple[Case, ...] = (
         checks.envd_watch,
         fields=on("envd.filesystem.WatchDir", "message.path", "message.recursive"),
     ),
+    _envd(
+        "watch/polling-options",
+        ("py-sync",),
+        (
+            START,
+            UPLOAD,
+            "envd.filesystem.CreateWatcher",
+            "envd.filesystem.GetWatcherEvents",
+            "envd.filesystem.RemoveWatcher",
+        ),
+        checks.envd_watch_options,
+        fields=on("envd.filesystem.CreateWatcher", "message.include_entry", "header.Authorization"),
+    ),
+    _envd(
+        "watch/stream-options",
+        ("py-async", "js"),
+        (START, UPLOAD, "envd.filesystem.WatchDir"),
+        checks.envd_watch_options,
+        fields=on("envd.filesystem.WatchDir", "message.include_entry", "header.Authorization"),
+    ),
+    # py-async only: the JS client ends a watch at its deadline itself, whatever the agent does.
+    _envd(
+        "watch/stream-deadline",
+        ("py-async",),
+        (START, "envd.filesystem.WatchDir"),
+        checks.envd_watch_deadline,
+        fields=on("envd.filesystem.WatchDir", "header.Connect-Timeout-Ms"),
+    ),
     _envd("concurrency/commands-and-files", ALL, (START, UPLOAD, DOWNLOAD), checks.envd_parallel_traffic),
     _sandbox(
         "sandbox/create-env-metadata",
         ALL,
         ("control.sandboxes.get", START),
-        checks.sandbox_create,
-        fields=on(CREATE, "body.envVars", "body.metadata", "body.templateID"),
+        sandbox_checks.sandbox_create,
+        fields=on(CREATE, "body.envVars", "body.metadata", "body.templateID", "body.timeout"),
     ),
-    _sandbox("sandbox/get-host", ALL, (UPLOAD, START), checks.sandbox_get_host),
+    _sandbox("sandbox/get-host", ALL, (UPLOAD, START), sandbox_checks.sandbox_get_host),
     _sandbox(
         "sandbox/list-filter-paginate",
         ALL,
         ("control.sandboxes.list", "control.sandboxes.pause"),
-        checks.sandbox_list,
+        sandbox_checks.sandbox_list,
         fields=on("control.sandboxes.list", "query.limit", "query.nextToken", "query.metadata", "query.state"),
     ),
     _sandbox(
         "sandbox/timeout",
         ALL,
         ("control.sandboxes.set_timeout", "control.sandboxes.get", "envd.http.health"),
-        checks.sandbox_timeout,
+        sandbox_checks.sandbox_timeout,
         fields=on("control.sandboxes.set_timeout", "body.timeout"),
     ),
     _sandbox(
@@ -262,13 +326,13 @@ CASES: tuple[Case, ...] = (
             DOWNLOAD,
             "envd.http.health",
         ),
-        checks.sandbox_pause_memory,
+        sandbox_checks.sandbox_pause_memory,
     ),
     _sandbox(
         "sandbox/pause-filesystem-connect",
         ALL,
         ("control.sandboxes.pause", "control.sandboxes.connect", UPLOAD, DOWNLOAD, START, "envd.process.List"),
-        checks.sandbox_pause_filesystem,
+        sandbox_checks.sandbox_pause_filesystem,
         fields=on("control.sandboxes.pause", "body.memory"),
     ),
     _sandbox(
@@ -282,35 +346,45 @@ CASES: tuple[Case, ...] = (
             DOWNLOAD,
             "envd.http.health",
         ),
-        checks.sandbox_snapshot,
+        sandbox_checks.sandbox_snapshot,
+        fields=(
+            *on("control.snapshots.create", "body.name"),
+            *on("control.snapshots.list", "query.limit", "query.nextToken", "query.sandboxID"),
+        ),
     ),
-    _sandbox("sandbox/metrics", ALL, ("control.sandboxes.metrics", START), checks.sandbox_metrics),
+    _sandbox(
+        "sandbox/metrics",
+        ALL,
+        ("control.sandboxes.metrics", "control.sandboxes.get", START),
+        sandbox_checks.sandbox_metrics,
+        fields=on("control.sandboxes.metrics", "query.start", "query.end"),
+    ),
     _sandbox(
         "sandbox/kill-is-running",
         ALL,
         ("envd.http.health", "control.sandboxes.connect"),
-        checks.sandbox_kill,
+        sandbox_checks.sandbox_kill,
     ),
     _sandbox(
         "sandbox/other-owner",
         ALL,
         ("control.sandboxes.list", "control.sandboxes.connect", "envd.http.health"),
-        checks.sandbox_other_owner,
+        sandbox_checks.sandbox_other_owner,
         second_owner=True,
     ),
-    _sandbox("sandbox/websocket", ("js",), (UPLOAD, START), checks.sandbox_websocket),
+    _sandbox("sandbox/websocket", ("js",), (UPLOAD, START), sandbox_checks.sandbox_websocket),
     _sandbox(
         "sandbox/parallel-creates",
         ALL,
         (UPLOAD, DOWNLOAD, START, "control.sandboxes.get"),
-        checks.sandbox_parallel_creates,
+        sandbox_checks.sandbox_parallel_creates,
         second_owner=True,
     ),
     _sandbox(
         "sandbox/network-settings",
         ALL,
         (UPLOAD, START, "control.sandboxes.get", "control.sandboxes.update_network"),
-        checks.sandbox_network_settings,
+        sandbox_checks.sandbox_network_settings,
         fields=(
             *on(CREATE, "body.allow_internet_access", *(f"body.network.{k}" for k in NETWORK)),
             *on("control.sandboxes.update_network", "body.allow_internet_access", "body.allowOut", "body.denyOut"),
@@ -328,7 +402,7 @@ CASES: tuple[Case, ...] = (
             "control.sandboxes.connect",
             "control.sandboxes.pause",
         ),
-        checks.sandbox_on_timeout,
+        sandbox_checks.sandbox_on_timeout,
         fields=(
             *on(CREATE, "body.timeout", "body.autoPause", "body.autoPauseMemory", "body.autoResume.enabled"),
             *on("control.sandboxes.connect", "body.timeout"),
@@ -338,15 +412,15 @@ CASES: tuple[Case, ...] = (
         "sandbox/owners-every-operation",
         ALL,
         OWNED,
-        checks.sandbox_owners_every_operation,
+        sandbox_checks.sandbox_owners_every_operation,
         second_owner=True,
         fields=tuple(f"{op}:header.X-API-Key" for op in (*LIFE, *OWNED)),
     ),
     _sandbox(
         "sandbox/users-and-tokens",
         ALL,
-        (UPLOAD, DOWNLOAD, START, *FILESYSTEM, "envd.process.List"),
-        checks.sandbox_users_and_tokens,
+        (UPLOAD, DOWNLOAD, START, *FILESYSTEM, "envd.process.List", *TOKEN_RPCS),
+        sandbox_checks.sandbox_users_and_tokens,
         fields=(
             *on(CREATE, "body.secure"),
             *on(UPLOAD, "query.username", "header.X-Access-Token"),
@@ -355,39 +429,73 @@ CASES: tuple[Case, ...] = (
             *(f"{op}:header.Authorization" for op in FILESYSTEM),
             *(f"{op}:header.X-Access-Token" for op in FILESYSTEM),
             *on("envd.process.List", "header.X-Access-Token"),
+            *(f"{op}:header.X-Access-Token" for op in TOKEN_RPCS),
         ),
     ),
-    _interpreter("interpreter/run/basic", ALL, (), checks.interpreter_basic, fields=on(EXECUTE, "body.code")),
-    _interpreter("interpreter/results/dataframe", ALL, (), checks.interpreter_dataframe),
-    _interpreter("interpreter/results/matplotlib", ALL, (), checks.interpreter_matplotlib),
-    _interpreter("interpreter/results/display", ALL, (), checks.interpreter_display),
-    _interpreter("interpreter/errors/traceback", ALL, (), checks.interpreter_traceback),
-    _interpreter("interpreter/execution-count", ALL, (), checks.interpreter_execution_count),
+    _sandbox(
+        "sandbox/signed-urls",
+        ALL,
+        (UPLOAD, DOWNLOAD, "envd.filesystem.Stat"),
+        sandbox_checks.sandbox_signed_urls,
+        fields=(
+            *on(UPLOAD, "query.signature", "query.signature_expiration"),
+            *on(DOWNLOAD, "query.signature", "query.signature_expiration"),
+        ),
+    ),
+    _interpreter(
+        "interpreter/run/basic", ALL, (), interpreter_checks.interpreter_basic, fields=on(EXECUTE, "body.code")
+    ),
+    _interpreter("interpreter/results/dataframe", ALL, (), interpreter_checks.interpreter_dataframe),
+    _interpreter("interpreter/results/matplotlib", ALL, (), interpreter_checks.interpreter_matplotlib),
+    _interpreter("interpreter/results/display", ALL, (), interpreter_checks.interpreter_display),
+    _interpreter("interpreter/errors/traceback", ALL, (), interpreter_checks.interpreter_traceback),
+    _interpreter("interpreter/execution-count", ALL, (), interpreter_checks.interpreter_execution_count),
     _interpreter(
         "interpreter/contexts/lifecycle",
         ALL,
         CONTEXTS,
-        checks.interpreter_contexts,
+        interpreter_checks.interpreter_contexts,
         fields=(*on("interpreter.contexts.create", "body.cwd", "body.language"), *on(EXECUTE, "body.context_id")),
     ),
     _interpreter(
-        "interpreter/env-vars/per-run", ALL, (), checks.interpreter_env_vars, fields=on(EXECUTE, "body.env_vars")
+        "interpreter/env-vars/per-run",
+        ALL,
+        (),
+        interpreter_checks.interpreter_env_vars,
+        fields=on(EXECUTE, "body.env_vars"),
     ),
-    _interpreter("interpreter/interrupt/timeout-then-run", ALL, (), checks.interpreter_timeout),
+    # A secure sandbox's envs reach the default context, a new one, a restarted one and bash's: the
+    # interpreter reads them from envd /envs with the X-Access-Token of the run it serves. The
+    # contexts calls' own tokens have no effect (their routes never ask envd).
     _interpreter(
-        "interpreter/contexts/concurrent", ALL, ("interpreter.contexts.create",), checks.interpreter_concurrent
+        "interpreter/env-vars/sandbox-global",
+        ALL,
+        ("interpreter.contexts.create", "interpreter.contexts.restart"),
+        interpreter_checks.interpreter_sandbox_global,
+        fields=on(EXECUTE, "header.X-Access-Token"),
+    ),
+    _interpreter("interpreter/interrupt/timeout-then-run", ALL, (), interpreter_checks.interpreter_timeout),
+    _interpreter(
+        "interpreter/contexts/concurrent",
+        ALL,
+        ("interpreter.contexts.create",),
+        interpreter_checks.interpreter_concurrent,
     ),
     _interpreter(
-        "interpreter/languages/bash", ALL, (), checks.interpreter_languages, fields=on(EXECUTE, "body.language")
+        "interpreter/languages/bash",
+        ALL,
+        (),
+        interpreter_checks.interpreter_languages,
+        fields=on(EXECUTE, "body.language"),
     ),
     # Its raw GET /health probes test the edge's traffic-token rule, not the route (the SDKs never
     # call it; wire/interpreter/health covers it), so interpreter.health is not claimed here.
     _interpreter(
         "interpreter/network/private-traffic",
         ALL,
-        (),
-        checks.interpreter_private_traffic,
-        fields=on(EXECUTE, "header.E2B-Traffic-Access-Token"),
+        CONTEXTS,
+        interpreter_checks.interpreter_private_traffic,
+        fields=tuple(f"{op}:header.E2B-Traffic-Access-Token" for op in (EXECUTE, *CONTEXTS)),
     ),
 )
 

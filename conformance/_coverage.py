@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from contract import Field, Operation, flavour_reaches, load_fields
+from contract import Field, Operation, flavour_reaches, load_fields, not_sent
 
 from ._model import CaseResult, Outcome
 
@@ -277,11 +277,12 @@ def _field_cells(  # noqa: PLR0917 - one private helper of coverage(), called on
                 unsupported_ops.setdefault((operation, result.client.flavour), []).append(result)
     noted = {field_id: note for note in notes for field_id in note.fields}
     cells: dict[tuple[str, str], FieldCell] = {}
+    unsent = {flavour: not_sent(flavour) for flavour in columns}
     for f in sorted(fields, key=lambda f: f.id):
         if f.operation not in operations:
             continue
         for flavour in columns:
-            if f.operation not in reached.get(flavour, frozenset()):
+            if f.operation not in reached.get(flavour, frozenset()) or f.id in unsent[flavour]:
                 continue
             covering = declared.get((f.id, flavour), []) + unsupported_ops.get((f.operation, flavour), [])
             cells[f.id, flavour] = _field_cell(f.id, flavour, covering, noted.get(f.id))

@@ -53,7 +53,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "status_code=201 if resumed else 200",
         "status_code=200",
         "connect answers 200 also when it resumed a paused sandbox (the contract says 201)",
-        (f"{PAUSE_MEMORY}@py-sync,js",),
+        ("wire/control/connect-statuses", f"{PAUSE_MEMORY}@py-sync,js"),
     ),
     Mutant(
         "server/get/not-found-400",
@@ -218,6 +218,30 @@ MUTANTS: tuple[Mutant, ...] = (
         ("sandbox/lifecycle/metrics",),
     ),
     Mutant(
+        "server/metrics/window-ignored",
+        CONTROL,
+        'metric_series(caller.owner, request.path_params["sandbox_id"], start, end)',
+        'metric_series(caller.owner, request.path_params["sandbox_id"], None, None)',
+        "GET /sandboxes/{id}/metrics ignores start and end: every sample, whatever the window",
+        ("sandbox/lifecycle/metrics",),
+    ),
+    Mutant(
+        "server/snapshots/sandbox-filter-ignored",
+        "reference_server/_control_plane/snapshots.py",
+        "sandbox_id=sandbox_id, limit=limit, after=after",
+        "sandbox_id=None, limit=limit, after=after",
+        "GET /snapshots ignores sandboxID: every snapshot of the owner is listed",
+        ("sandbox/lifecycle/snapshot-restore",),
+    ),
+    Mutant(
+        "server/snapshots/name-ignored",
+        SERVICE,
+        "names=(name or snapshot_id,),",
+        "names=(snapshot_id,),",
+        "a snapshot's requested name is dropped: its names are only its id",
+        ("sandbox/lifecycle/snapshot-restore",),
+    ),
+    Mutant(
         "server/edge/traffic-token-unchecked",
         "reference_server/_edge.py",
         "if target.traffic_token is not None and where.port != ENVD_PORT:",
@@ -380,6 +404,23 @@ MUTANTS: tuple[Mutant, ...] = (
         ("envd/files/text-bytes-stream",),
     ),
     Mutant(
+        "agent/files/signature-expiry-unchecked",
+        "runtime/agent/_files.py",
+        "if expiration is not None and expiration < int(time.time()):",
+        "if expiration is not None and expiration < 0:",
+        "an expired signed /files URL is still served",
+        ("sandbox/lifecycle/signed-urls",),
+    ),
+    Mutant(
+        "agent/auth/streams-unchecked",
+        "runtime/agent/_app.py",
+        "if (method, path) not in _EXEMPT and not self._state.token_matches(",
+        'if (method, path) not in _EXEMPT and not headers.get("content-type", "").startswith("application/connect+") '
+        "and not self._state.token_matches(",
+        "the token gate lets streaming RPCs (process Connect, WatchDir) through without the token",
+        ("sandbox/lifecycle/users-and-tokens",),
+    ),
+    Mutant(
         "agent/fs/list-depth-ignored",
         FILESYSTEM,
         "depth = max(depth, 1)",
@@ -430,6 +471,46 @@ MUTANTS: tuple[Mutant, ...] = (
         "watch events report a rename as a create",
         ("envd/watch/stream@js",),
     ),
+    Mutant(
+        "agent/watch/remove-watcher-kept",
+        "runtime/agent/_filesystem_service.py",
+        "        del self._watchers[request.watcher_id]\n",
+        "",
+        "RemoveWatcher stops the watcher but keeps its id: GetWatcherEvents on it still answers",
+        ("envd/watch/polling",),
+    ),
+    Mutant(
+        "agent/watch/entry-ignored",
+        "runtime/agent/_filesystem_service.py",
+        "if include_entry and event.kind in _WITH_ENTRY:",
+        "if include_entry and event.kind in ():",
+        "watch events never carry the entry, even when include_entry asks for it",
+        ("envd/watch/polling-options", "envd/watch/stream-options@js"),
+    ),
+    Mutant(
+        "agent/fs/user-ignored",
+        "runtime/agent/_filesystem_service.py",
+        'return self._state.user_from_basic(ctx.request_headers().get("authorization"))',
+        "return self._state.user_from_basic(None)",
+        "filesystem RPCs ignore Authorization: every call acts as the default user",
+        ("envd/watch/polling-options",),
+    ),
+    Mutant(
+        "agent/watch/deadline-ignored",
+        "runtime/agent/_filesystem_service.py",
+        "        remaining = ctx.timeout_ms()\n        deadline = None if remaining is None else loop.time()",
+        "        remaining = None\n        deadline = None if remaining is None else loop.time()",
+        "WatchDir ignores Connect-Timeout-Ms: the watch outlives its deadline",
+        ("envd/watch/stream-deadline",),
+    ),
+    Mutant(
+        "agent/process/stream-deadline-ignored",
+        PROCESS_RPC,
+        "    remaining = ctx.timeout_ms()\n    loop = asyncio.get_running_loop()",
+        "    remaining = None\n    loop = asyncio.get_running_loop()",
+        "process streams (Start, Connect) ignore Connect-Timeout-Ms: a Connect outlives its deadline",
+        ("envd/commands/connect-timeout",),
+    ),
     # --- the runtime and the code interpreter ---------------------------------------------------------
     Mutant(
         "runtime/pause/memory-not-kept",
@@ -454,5 +535,41 @@ MUTANTS: tuple[Mutant, ...] = (
         '"Failed to create context: the language is not supported by this template"',
         "the refusal of a language with no kernel no longer names the language",
         ("interpreter/languages/bash",),
+    ),
+    Mutant(
+        "interpreter/envs/token-not-forwarded",
+        "runtime/interpreter/_contexts.py",
+        "headers = {ACCESS_TOKEN_HEADER: access_token} if access_token else {}",
+        "headers: dict[str, str] = {}",
+        "the interpreter asks envd /envs without the run's X-Access-Token (a secure sandbox's envs are lost)",
+        ("interpreter/env-vars/sandbox-global",),
+    ),
+    # --- payload sizes and the texts of errors ---------------------------------------------------
+    Mutant(
+        "agent/files/download-loses-a-chunk",
+        "runtime/agent/_files.py",
+        "        while chunk := os.read(fd, CHUNK):\n            yield chunk\n",
+        "        skipped = False\n        while chunk := os.read(fd, CHUNK):\n"
+        "            if not skipped and len(chunk) == CHUNK:\n"
+        "                skipped = True\n                continue\n"
+        "            yield chunk\n",
+        "a download leaves out its first full chunk (a file larger than one chunk comes back short)",
+        ("envd/files/size-classes",),
+    ),
+    Mutant(
+        "agent/process/missing-cwd-text",
+        PROCESS_RPC,
+        "f\"cwd '{cwd}' does not exist\"",
+        'f"no such directory: {cwd}"',
+        "a command in a missing cwd is refused with another text than the documented one",
+        ("envd/errors/messages",),
+    ),
+    Mutant(
+        "agent/fs/make-dir-below-a-file-unknown",
+        FILESYSTEM,
+        "    except (FileNotFoundError, NotADirectoryError):  # a file on the way: ensure_parents names it\n",
+        "    except FileNotFoundError:\n",
+        "make_dir below a file answers code unknown with the implementation's errno text",
+        ("envd/errors/messages",),
     ),
 )

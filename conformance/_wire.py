@@ -161,6 +161,25 @@ def pause_twice(wire: Wire) -> None:
         wire.expect(wire.http.post(url, json={"memory": True}, headers=wire.key), 409, "a second pause")
 
 
+def connect_statuses(wire: Wire) -> None:
+    """Connect answers 201 when it resumed a paused sandbox and 200 when the sandbox was already running."""
+    with wire.sandbox() as created:
+        sandbox_id = created["sandboxID"]
+        pause = wire.api(f"/sandboxes/{sandbox_id}/pause")
+        wire.expect(wire.http.post(pause, json={"memory": True}, headers=wire.key), 204)
+        connect = wire.api(f"/sandboxes/{sandbox_id}/connect")
+        resumed = wire.expect(
+            wire.http.post(connect, json={"timeout": 60}, headers=wire.key), 201, "connect resumed a paused sandbox"
+        )
+        if not isinstance(resumed, dict) or resumed.get("sandboxID") != sandbox_id:
+            raise WireMismatchError(f"POST {connect} (resuming): answered {resumed!r}, not the sandbox {sandbox_id}")
+        running = wire.expect(
+            wire.http.post(connect, json={"timeout": 60}, headers=wire.key), 200, "connect to a running sandbox"
+        )
+        if not isinstance(running, dict) or running.get("sandboxID") != sandbox_id:
+            raise WireMismatchError(f"POST {connect} (running): answered {running!r}, not the sandbox {sandbox_id}")
+
+
 def process_stream(wire: Wire) -> None:
     with wire.sandbox(secure=True) as created:
         url = wire.envd(created["sandboxID"], "/process.Process/Start")
@@ -449,6 +468,11 @@ WIRE_CASES: tuple[WireCase, ...] = (
     WireCase("wire/control/create-status", LIFE, create_status),
     WireCase("wire/control/error-shape", ("control.sandboxes.get", "control.sandboxes.list"), error_shape),
     WireCase("wire/control/pause-twice", (*LIFE, "control.sandboxes.pause"), pause_twice),
+    WireCase(
+        "wire/control/connect-statuses",
+        (*LIFE, "control.sandboxes.pause", "control.sandboxes.connect"),
+        connect_statuses,
+    ),
     WireCase("wire/envd/process-stream", (*LIFE, "envd.process.Start"), process_stream),
     WireCase("wire/envd/killed-is-502", (*LIFE, "envd.http.health"), killed_is_502),
     WireCase("wire/envd/protobuf-codec", (*LIFE, "envd.filesystem.Stat", "envd.process.Start"), protobuf_codec),

@@ -61,25 +61,35 @@ HEADERS: tuple[tuple[str, str | None, str, tuple[str, ...] | None], ...] = (
     ("interpreter", None, "E2B-Traffic-Access-Token", None),  # private sandboxes' ports
 )
 
-# Fields the contract has but no pinned client ever sends, so that no client user can depend on
-# them and they are not enumerated: ``key`` on each of ``operations`` → why. Process tags are
-# the other arm of the selector oneof (``pid`` | ``tag``): the clients select processes by pid
-# and start them without a tag (tags are only read, from List answers).
-# tests/contract/test_fields.py checks these against the pinned clients' sources.
+# Fields the contract has but a pinned client never sends, so that none of its users can depend
+# on them: (``key``, ``operations``, the flavours that never send it or None for every one, why).
+# A field no flavour sends is not enumerated at all; one some flavours send has no cell for the
+# others. Process tags are the other arm of the selector oneof (``pid`` | ``tag``): the clients
+# select processes by pid and start them without a tag (tags are only read, from List answers).
+# tests/contract/test_fields.py checks each row against the pinned clients' sources.
 _PROCESS_SELECTED = ("Connect", "SendInput", "SendSignal", "CloseStdin", "Update")
-NOT_SENT: tuple[tuple[str, tuple[str, ...], str], ...] = (
-    ("message.tag", ("envd.process.Start",), "no client starts a process with a tag"),
+_CONTEXT_CALLS = tuple(f"interpreter.contexts.{name}" for name in ("create", "list", "remove", "restart"))
+NOT_SENT: tuple[tuple[str, tuple[str, ...], tuple[str, ...] | None, str], ...] = (
+    ("message.tag", ("envd.process.Start",), None, "no client starts a process with a tag"),
     (
         "message.process.tag",
         tuple(f"envd.process.{name}" for name in _PROCESS_SELECTED),
+        None,
         "the clients select a process by pid only",
     ),
+    ("header.X-Access-Token", _CONTEXT_CALLS, ("js",), "the JS interpreter client sends it on /execute only"),
 )
 
 
-def not_sent() -> dict[str, str]:
-    """Field id → why no pinned client sends it (these are left out of ``load_fields``)."""
-    return {f"{operation}:{key}": why for key, operations, why in NOT_SENT for operation in operations}
+def not_sent(flavour: str | None = None) -> dict[str, str]:
+    """Field id → why it is not sent: by any pinned client (``flavour`` None; these are left out of
+    ``load_fields``), or by that flavour's client."""
+    return {
+        f"{operation}:{key}": why
+        for key, operations, flavours, why in NOT_SENT
+        if flavours is None or (flavour is not None and flavour in flavours)
+        for operation in operations
+    }
 
 
 # Descriptor field types that nest (TYPE_MESSAGE); map entries and well-known types do not.

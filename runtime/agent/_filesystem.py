@@ -158,7 +158,7 @@ def list_dir(requested: str, resolved: str, depth: int, users: UserDatabase) -> 
 def make_dir(path: str, users: UserDatabase) -> pb.EntryInfo:
     try:
         existing = os.stat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # a file on the way: ensure_parents names it
         existing = None
     if existing is not None:
         if stat.S_ISDIR(existing.st_mode):

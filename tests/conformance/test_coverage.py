@@ -125,3 +125,12 @@ def test_field_notes_refuse_a_field_listed_twice(tmp_path: Path) -> None:
 
 def test_the_committed_field_notes_load() -> None:
     assert load_field_notes()
+
+
+def test_a_field_a_flavours_client_never_sends_has_no_cell_for_it() -> None:
+    contexts = _operation("interpreter.contexts.create")
+    token = Field("interpreter.contexts.create", "header.X-Access-Token")  # sent by Python, not by JS
+    cov = coverage([], [contexts], fields=[token], flavours=("py-sync", "js"))
+    assert cov.field_cell(token.id, "py-sync") is not None
+    assert cov.field_cell(token.id, "js") is None
+    assert cov.score("js").fields_total == 0

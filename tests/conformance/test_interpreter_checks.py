@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conformance import _checks as checks
+from conformance import _checks_interpreter as checks
 from conformance._cases import Case, cases
 
 Result = dict[str, Any]
@@ -121,6 +121,12 @@ GOOD: dict[str, Result] = {
         "during": env("r", "override"),
         "after": env(None, "g"),
     },
+    "interpreter/env-vars/sandbox-global": {
+        "default": env(None, "g"),
+        "created": env(None, "g"),
+        "restarted": env(None, "g"),
+        "bash": ["g\n"],
+    },
     "interpreter/interrupt/timeout-then-run": {
         "raised": "TimeoutException",
         "message": "Execution timed out — the 'timeout' option can be used to increase this timeout",
@@ -153,6 +159,15 @@ GOOD: dict[str, Result] = {
         "with": 200,
         "with_body": '"OK"',
         "run": "2",
+        "contexts_without": {
+            name: {"status": 403, "body": '{"code": 403, "message": "Missing or invalid traffic access token"}'}
+            for name in ("create", "list", "restart", "remove")
+        },
+        "listed": True,
+        "unchanged_without": True,
+        "kept_without": "1",
+        "restarted_error": "NameError",
+        "removed": True,
     },
 }
 
@@ -276,6 +291,11 @@ BROKEN: list[tuple[str, str, Callable[[Result], None]]] = [
     ("interpreter/env-vars/per-run", "global not restored", _set(("after",), env(None, "override"))),
     ("interpreter/env-vars/per-run", "global removed", _set(("after",), env(None, None))),
     ("interpreter/env-vars/per-run", "nothing printed", _set(("after",), [])),
+    ("interpreter/env-vars/sandbox-global", "default context without", _set(("default",), env(None, None))),
+    ("interpreter/env-vars/sandbox-global", "new context without", _set(("created",), env(None, None))),
+    ("interpreter/env-vars/sandbox-global", "lost at restart", _set(("restarted",), env(None, None))),
+    ("interpreter/env-vars/sandbox-global", "bash without", _set(("bash",), ["\n"])),
+    ("interpreter/env-vars/sandbox-global", "nothing printed", _set(("created",), [])),
     ("interpreter/interrupt/timeout-then-run", "no timeout", lambda r: r.update(raised=None, message="")),
     (
         "interpreter/interrupt/timeout-then-run",
@@ -328,6 +348,28 @@ BROKEN: list[tuple[str, str, Callable[[Result], None]]] = [
     ("interpreter/network/private-traffic", "health not OK", _set(("with_body",), '"Request was successful"')),
     ("interpreter/network/private-traffic", "health not JSON", _set(("with_body",), "OK")),
     ("interpreter/network/private-traffic", "client does not send the token", _set(("run",), None)),
+    ("interpreter/network/private-traffic", "refusal not JSON", _set(("without_body",), "Forbidden")),
+    ("interpreter/network/private-traffic", "refusal of another code", _set(("without_body",), '{"code": 401}')),
+    (
+        "interpreter/network/private-traffic",
+        "a contexts call open without the token",
+        _set(("contexts_without", "remove"), {"status": 200, "body": "null"}),
+    ),
+    (
+        "interpreter/network/private-traffic",
+        "a contexts call refused otherwise",
+        _set(("contexts_without", "list", "body"), "Unauthorized"),
+    ),
+    (
+        "interpreter/network/private-traffic",
+        "a contexts call not tried",
+        _call(lambda r: r["contexts_without"].pop("restart")),
+    ),
+    ("interpreter/network/private-traffic", "client list without the context", _set(("listed",), False)),
+    ("interpreter/network/private-traffic", "changed without the token", _set(("unchanged_without",), False)),
+    ("interpreter/network/private-traffic", "restarted without the token", _set(("kept_without",), None)),
+    ("interpreter/network/private-traffic", "client restart ignored", _set(("restarted_error",), None)),
+    ("interpreter/network/private-traffic", "client remove ignored", _set(("removed",), False)),
 ]
 
 

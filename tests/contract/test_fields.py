@@ -90,3 +90,28 @@ def test_the_pinned_clients_never_send_a_process_tag() -> None:
     bundle = (ensure_node_clients().root / "node_modules" / "e2b" / "dist" / "index.js").read_text(encoding="utf-8")
     assert re.search(r"case:\s*[\"']pid[\"']", bundle), "selectors are by pid"
     assert not _JS_TAG_SELECTOR.search(bundle)
+
+
+def test_a_field_one_flavour_never_sends_is_enumerated_but_not_sent_by_it() -> None:
+    listed = {field.id for field in load_fields()}
+    js_only = set(not_sent("js")) - set(not_sent())
+    assert "interpreter.contexts.create:header.X-Access-Token" in js_only
+    assert js_only <= listed, "the other flavours send them"
+    assert not set(not_sent("py-sync")) - set(not_sent())
+
+
+@pytest.mark.artifacts
+def test_the_js_interpreter_client_sends_the_envd_token_on_execute_only() -> None:
+    bundle = ensure_node_clients().root / "node_modules" / "@e2b" / "code-interpreter" / "dist" / "index.js"
+    text = bundle.read_text(encoding="utf-8")
+    # Each request is a fetch of a route with the headers built just before it.
+    requests = re.split(r"(?=const headers = \{)", text)[1:]
+    sending = {route for part in requests for route in re.findall(r"jupyterUrl\}/(\w+)", part[:1500])}
+    assert {"execute", "contexts"} <= sending
+    tokened = {
+        route
+        for part in requests
+        if 'headers["X-Access-Token"]' in part[: part.find("fetch(")]
+        for route in re.findall(r"jupyterUrl\}/(\w+)", part[:1500])[:1]
+    }
+    assert tokened == {"execute"}

@@ -7,7 +7,9 @@ const { Sandbox, CommandExitError } = require('e2b')
 
 const scenarios = {
   'commands/foreground': async (sbx, work) => {
-    const r = await sbx.commands.run('echo "$GREETING from $(pwd)"; echo oops >&2', { envs: { GREETING: 'hi' }, cwd: work })
+    const where = `${work}/elsewhere` // not the user's home, where a command runs without a cwd
+    await sbx.commands.run(`mkdir -p ${where}`)
+    const r = await sbx.commands.run('echo "$GREETING from $(pwd)"; echo oops >&2', { envs: { GREETING: 'hi' }, cwd: where })
     return { stdout: r.stdout, stderr: r.stderr, exit_code: r.exitCode }
   },
   'commands/exit-code': async (sbx) => {
@@ -44,10 +46,26 @@ const scenarios = {
     const result = await again.wait()
     return { stdout: result.stdout, exit_code: result.exitCode }
   },
+  'commands/timeout': async (sbx, work) => {
+    const marker = `${work}/timeout-survived` // written only if the command outlives its 1 s deadline
+    const started = Date.now()
+    let raised = null
+    try {
+      await sbx.commands.run(`sleep 2; touch ${marker}`, { timeoutMs: 1000 })
+    } catch (e) {
+      raised = e.name
+    }
+    const elapsed = (Date.now() - started) / 1000
+    await sleep(Math.max(0, started + 3000 - Date.now())) // a surviving command has written its marker by now
+    return { raised, elapsed, process_survived: await sbx.files.exists(marker) }
+  },
   'pty/session': async (sbx) => {
     const chunks = []
-    const handle = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => chunks.push(Buffer.from(d)) })
-    await sbx.pty.resize(handle.pid, { cols: 100, rows: 30 })
+    const output = () => Buffer.concat(chunks).toString('utf8')
+    const handle = await sbx.pty.create({ cols: 100, rows: 30, onData: (d) => chunks.push(Buffer.from(d)) })
+    await sbx.pty.sendInput(handle.pid, new TextEncoder().encode('stty size; echo FIRST-$((1+1))\n')) // the size asked for at start
+    await until(() => output().includes('FIRST-2')) // the first size is out before the resize
+    await sbx.pty.resize(handle.pid, { cols: 120, rows: 40 })
     await sbx.pty.sendInput(handle.pid, new TextEncoder().encode('echo MARK-$((20+22)); stty size; exit\n'))
     const result = await handle.wait()
     return { output: Buffer.concat(chunks).toString('utf8'), exit_code: result.exitCode }
@@ -122,6 +140,47 @@ const scenarios = {
     await handle.stop()
     return { events, watcher: 'WatchDir' }
   },
+  'watch/stream-options': async (sbx, work) => {
+    const root = `${work}/watched-options`
+    await sbx.commands.run(`mkdir -p ${root}`)
+    const seen = { with_entry: [], without_entry: [] }
+    const record = (key) => (e) => seen[key].push([e.type, e.name, entry(e.entry)])
+    const withEntry = await sbx.files.watchDir(root, record('with_entry'), { includeEntry: true })
+    const withoutEntry = await sbx.files.watchDir(root, record('without_entry'))
+    await sbx.files.write(`${root}/e.txt`, '12345')
+    await sbx.commands.run(`mkdir ${root}/d`)
+    const has = (got, type, name) => got.some((e) => e[0] === type && e[1] === name)
+    await until(() => Object.values(seen).every((got) => has(got, 'write', 'e.txt') && has(got, 'create', 'd')))
+    await withEntry.stop()
+    await withoutEntry.stop()
+    // A relative path is resolved against the acting user's home: the folder exists in root's only.
+    const name = 'watch-as-root-js'
+    await sbx.commands.run(`rm -rf ~/${name}; mkdir ~/${name}`, { user: 'root' })
+    let asUser = null
+    try {
+      await (await sbx.files.watchDir(name, () => {}, { user: 'user' })).stop()
+    } catch (e) {
+      asUser = e.name
+    }
+    const rootEvents = []
+    const asRoot = await sbx.files.watchDir(name, (e) => rootEvents.push([e.type, e.name]), { user: 'root' })
+    await sbx.commands.run(`touch ~/${name}/r.txt`, { user: 'root' })
+    await until(() => has(rootEvents, 'create', 'r.txt'), 50)
+    await asRoot.stop()
+    await sbx.commands.run(`rm -rf ~/${name}`, { user: 'root' })
+    return { ...seen, as_user_error: asUser, as_root_events: rootEvents }
+  },
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
+
+// Wait for a condition that asynchronous events make true (at most tries / 10 s).
+async function until(condition, tries = 100) {
+  for (let i = 0; i < tries && !condition(); i++) await sleep(100)
+}
+
+function entry(info) {
+  return info ? { name: info.name, type: info.type ?? null, size: info.size, path: info.path } : null
 }
 
 // Commands and file round trips in parallel on one sandbox: each must get its own answer.
@@ -175,6 +234,62 @@ scenarios['properties/batch'] = async (sbx, work) => {
     commands.push({ exit_code: result.exitCode, stdout: result.stdout, stderr: result.stderr })
   }
   return { files, commands }
+}
+
+// Payload size classes: empty, one byte, just over 64 KiB, several MiB (files and command output).
+scenarios['files/size-classes'] = async (sbx, work) => {
+  const crypto = require('node:crypto')
+  const sha = (data) => crypto.createHash('sha256').update(data).digest('hex')
+  const files = []
+  for (const size of [0, 1, 65537, 8 * 1024 * 1024 + 3]) {
+    const data = crypto.randomBytes(size)
+    const path = `${work}/sizes/${size}.bin`
+    await sbx.files.write(path, data.buffer.slice(data.byteOffset, data.byteOffset + data.byteLength), {
+      requestTimeoutMs: 120000,
+    })
+    const back = Buffer.from(await sbx.files.read(path, { format: 'bytes', requestTimeoutMs: 120000 }))
+    const stored = (await sbx.commands.run(`sha256sum ${path}`)).stdout.split(' ')[0]
+    const info = await sbx.files.getInfo(path)
+    files.push({ size, written: sha(data), read: sha(back), read_size: back.length, info_size: info.size, stored })
+  }
+  await sbx.files.write(`${work}/sizes/empty.txt`, '')
+  const outputs = []
+  const letters = (text) => [...new Set(text)].sort()
+  for (const size of [0, 1, 4 * 1024 * 1024]) {
+    const r = await sbx.commands.run(`head -c ${size} /dev/zero | tr '\\0' a; head -c ${size} /dev/zero | tr '\\0' b >&2`)
+    outputs.push({ size, stdout: [r.stdout.length, letters(r.stdout)], stderr: [r.stderr.length, letters(r.stderr)] })
+  }
+  const SEQ = 200000
+  const seq = await sbx.commands.run(`seq 1 ${SEQ}`)
+  return { files, empty_text: await sbx.files.read(`${work}/sizes/empty.txt`), outputs, seq: [SEQ, sha(seq.stdout)] }
+}
+
+// The errors the client raises for requests the agent refuses: class and message, as a user sees them.
+scenarios['errors/messages'] = async (sbx, work) => {
+  const error = async (call) => {
+    try {
+      await call()
+    } catch (e) {
+      return [e.constructor.name, String(e.message), e.exitCode ?? null, e.stderr ?? null]
+    }
+    return ['none', '', null, null]
+  }
+  const folder = `${work}/errors`
+  const plain = `${folder}/plain.txt`
+  await sbx.files.write(plain, 'plain')
+  return {
+    read_missing: await error(() => sbx.files.read(`${folder}/missing.txt`)),
+    info_missing: await error(() => sbx.files.getInfo(`${folder}/missing.txt`)),
+    list_missing: await error(() => sbx.files.list(`${folder}/missing`)),
+    list_file: await error(() => sbx.files.list(plain)),
+    write_under_file: await error(() => sbx.files.write(`${plain}/child.txt`, 'x')),
+    make_dir_under_file: await error(() => sbx.files.makeDir(`${plain}/sub`)),
+    rename_missing: await error(() => sbx.files.rename(`${folder}/missing.txt`, `${folder}/other.txt`)),
+    cwd_missing: await error(() => sbx.commands.run('true', { cwd: `${folder}/no-such-dir` })),
+    connect_unknown: await error(() => sbx.commands.connect(999999)),
+    unknown_command: await error(() => sbx.commands.run('no-such-command-e2b')),
+    folder,
+  }
 }
 
 async function main() {

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from e2b import AsyncSandbox, CommandExitException
+from e2b import AsyncSandbox, CommandExitException, TimeoutException
 from e2b.sandbox.commands.command_handle import PtySize
 
 Scenario = Callable[[AsyncSandbox, str], Awaitable[dict[str, Any]]]
@@ -24,9 +25,18 @@ def scenario(name: str) -> Callable[[Scenario], Scenario]:
     return register
 
 
+async def _until(condition: Callable[[], bool], tries: int = 100) -> None:
+    for _ in range(tries):  # events arrive asynchronously: wait for them (at most tries / 10 s)
+        if condition():
+            return
+        await asyncio.sleep(0.1)
+
+
 @scenario("commands/foreground")
 async def _foreground(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
-    r = await sbx.commands.run('echo "$GREETING from $(pwd)"; echo oops >&2', envs={"GREETING": "hi"}, cwd=work)
+    where = f"{work}/elsewhere"  # not the user's home, where a command runs without a cwd
+    await sbx.commands.run(f"mkdir -p {where}")
+    r = await sbx.commands.run('echo "$GREETING from $(pwd)"; echo oops >&2', envs={"GREETING": "hi"}, cwd=where)
     return {"stdout": r.stdout, "stderr": r.stderr, "exit_code": r.exit_code}
 
 
@@ -51,6 +61,43 @@ async def _background(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
         "stdout": result.stdout,
         "exit_code": result.exit_code,
         "listed_after": handle.pid in [p.pid for p in await sbx.commands.list()],
+    }
+
+
+@scenario("commands/timeout")
+async def _timeout(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
+    marker = f"{work}/timeout-survived"  # written only if the command outlives its 1 s deadline
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        await sbx.commands.run(f"sleep 2; touch {marker}", timeout=1)
+        raised = None
+    except TimeoutException as exc:
+        raised = type(exc).__name__
+    elapsed = loop.time() - started
+    await asyncio.sleep(max(0.0, started + 3 - loop.time()))  # a surviving command has written its marker by now
+    return {"raised": raised, "elapsed": elapsed, "process_survived": await sbx.files.exists(marker)}
+
+
+@scenario("commands/connect-timeout")
+async def _connect_timeout(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
+    marker = f"{work}/connect-survived"  # Connect's own deadline ends its stream, not the process
+    handle = await sbx.commands.run(f"sleep 2; touch {marker}", background=True)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        await (await sbx.commands.connect(handle.pid, timeout=1)).wait()
+        raised = None
+    except TimeoutException as exc:
+        raised = type(exc).__name__
+    elapsed = loop.time() - started
+    listed = handle.pid in [p.pid for p in await sbx.commands.list()]
+    await asyncio.sleep(max(0.0, started + 3 - loop.time()))
+    return {
+        "raised": raised,
+        "elapsed": elapsed,
+        "listed_after": listed,
+        "process_finished": await sbx.files.exists(marker),
     }
 
 
@@ -80,8 +127,10 @@ async def _kill(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
 @scenario("pty/session")
 async def _pty(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
     chunks: list[bytes] = []
-    handle = await sbx.pty.create(PtySize(cols=80, rows=24), on_data=chunks.append)
-    await sbx.pty.resize(handle.pid, PtySize(cols=100, rows=30))
+    handle = await sbx.pty.create(PtySize(cols=100, rows=30), on_data=chunks.append)
+    await sbx.pty.send_stdin(handle.pid, b"stty size; echo FIRST-$((1+1))\n")  # the size asked for at start
+    await _until(lambda: b"FIRST-2" in b"".join(chunks))  # the first size is out before the resize
+    await sbx.pty.resize(handle.pid, PtySize(cols=120, rows=40))
     await sbx.pty.send_stdin(handle.pid, b"echo MARK-$((20+22)); stty size; exit\n")
     result = await handle.wait()
     return {"output": b"".join(chunks).decode("utf-8", "replace"), "exit_code": result.exit_code}
@@ -162,6 +211,64 @@ async def _watch(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
     return {"events": events, "watcher": "WatchDir"}
 
 
+def _entry(entry: Any) -> dict[str, Any] | None:
+    if entry is None:
+        return None
+    kind = entry.type.value if entry.type else None
+    return {"name": entry.name, "type": kind, "size": entry.size, "path": entry.path}
+
+
+@scenario("watch/stream-options")
+async def _watch_options(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
+    root = f"{work}/watched-options"
+    await sbx.commands.run(f"mkdir -p {root}")
+    seen: dict[str, list[list[Any]]] = {"with_entry": [], "without_entry": []}
+    with_entry = await sbx.files.watch_dir(
+        root, lambda e: seen["with_entry"].append([e.type.value, e.name, _entry(e.entry)]), include_entry=True
+    )
+    without_entry = await sbx.files.watch_dir(
+        root, lambda e: seen["without_entry"].append([e.type.value, e.name, _entry(e.entry)])
+    )
+    await sbx.files.write(f"{root}/e.txt", "12345")
+    await sbx.commands.run(f"mkdir {root}/d")
+    await _until(
+        lambda: all({("write", "e.txt"), ("create", "d")} <= {(e[0], e[1]) for e in got} for got in seen.values())
+    )
+    await with_entry.stop()
+    await without_entry.stop()
+    # A relative path is resolved against the acting user's home: the folder exists in root's only.
+    name = "watch-as-root-py-async"
+    await sbx.commands.run(f"rm -rf ~/{name}; mkdir ~/{name}", user="root")
+    try:
+        await (await sbx.files.watch_dir(name, lambda e: None, user="user")).stop()
+        as_user = None
+    except Exception as exc:  # noqa: BLE001 - the class is what is checked
+        as_user = type(exc).__name__
+    root_events: list[list[str]] = []
+    as_root = await sbx.files.watch_dir(name, lambda e: root_events.append([e.type.value, e.name]), user="root")
+    await sbx.commands.run(f"touch ~/{name}/r.txt", user="root")
+    await _until(lambda: ["create", "r.txt"] in root_events, 50)
+    await as_root.stop()
+    await sbx.commands.run(f"rm -rf ~/{name}", user="root")
+    return {**seen, "as_user_error": as_user, "as_root_events": root_events}
+
+
+@scenario("watch/stream-deadline")
+async def _watch_deadline(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
+    root = f"{work}/watched-deadline"
+    await sbx.commands.run(f"mkdir -p {root}")
+    ended: list[str | None] = []
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    handle = await sbx.files.watch_dir(
+        root, lambda e: None, on_exit=lambda exc: ended.append(type(exc).__name__ if exc else None), timeout=1
+    )
+    await _until(lambda: bool(ended), 30)  # the agent ends the stream at the 1 s deadline
+    elapsed = loop.time() - started
+    await handle.stop()
+    return {"ended": ended, "elapsed": elapsed}
+
+
 PARALLEL = 16  # commands, and as many files, in flight at once on one sandbox
 
 
@@ -188,6 +295,80 @@ async def _parallel_traffic(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
     files = asyncio.gather(*(round_trip(n) for n in range(PARALLEL)))
     done_commands, done_files = await asyncio.gather(commands, files)
     return {"commands": list(done_commands), "files": list(done_files)}
+
+
+# Payload size classes: empty, one byte, just over 64 KiB, several MiB (files and command output).
+SIZES = (0, 1, 65537, 8 * 1024 * 1024 + 3)
+OUTPUT_SIZES = (0, 1, 4 * 1024 * 1024)
+SEQ = 200000  # ``seq 1 SEQ``: 1.3 MB of numbered lines, in order
+
+
+@scenario("files/size-classes")
+async def _size_classes(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
+    files = []
+    for size in SIZES:
+        data, path = os.urandom(size), f"{work}/sizes/{size}.bin"
+        await sbx.files.write(path, data, request_timeout=120)
+        back = bytes(await sbx.files.read(path, format="bytes", request_timeout=120))
+        stored = (await sbx.commands.run(f"sha256sum {path}")).stdout.split()[0]
+        files.append(
+            {
+                "size": size,
+                "written": hashlib.sha256(data).hexdigest(),
+                "read": hashlib.sha256(back).hexdigest(),
+                "read_size": len(back),
+                "info_size": (await sbx.files.get_info(path)).size,
+                "stored": stored,
+            }
+        )
+    await sbx.files.write(f"{work}/sizes/empty.txt", "")
+    outputs = []
+    for size in OUTPUT_SIZES:
+        shell = f"head -c {size} /dev/zero | tr '\\0' a; head -c {size} /dev/zero | tr '\\0' b >&2"
+        r = await sbx.commands.run(shell)
+        outputs.append(
+            {
+                "size": size,
+                "stdout": [len(r.stdout), sorted(set(r.stdout))],
+                "stderr": [len(r.stderr), sorted(set(r.stderr))],
+            }
+        )
+    seq = await sbx.commands.run(f"seq 1 {SEQ}")
+    return {
+        "files": files,
+        "empty_text": await sbx.files.read(f"{work}/sizes/empty.txt"),
+        "outputs": outputs,
+        "seq": [SEQ, hashlib.sha256(seq.stdout.encode()).hexdigest()],
+    }
+
+
+async def _error(call: Awaitable[Any]) -> list[Any]:
+    """What the client raised: its class and message (what a user sees), and an exit code if any."""
+    try:
+        await call
+    except Exception as exc:  # noqa: BLE001 - the answer is which exception, whatever it is
+        return [type(exc).__name__, str(exc), getattr(exc, "exit_code", None), getattr(exc, "stderr", None)]
+    return ["none", "", None, None]
+
+
+@scenario("errors/messages")
+async def _errors(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
+    folder = f"{work}/errors"
+    plain = f"{folder}/plain.txt"
+    await sbx.files.write(plain, "plain")
+    return {
+        "read_missing": await _error(sbx.files.read(f"{folder}/missing.txt")),
+        "info_missing": await _error(sbx.files.get_info(f"{folder}/missing.txt")),
+        "list_missing": await _error(sbx.files.list(f"{folder}/missing")),
+        "list_file": await _error(sbx.files.list(plain)),
+        "write_under_file": await _error(sbx.files.write(f"{plain}/child.txt", "x")),
+        "make_dir_under_file": await _error(sbx.files.make_dir(f"{plain}/sub")),
+        "rename_missing": await _error(sbx.files.rename(f"{folder}/missing.txt", f"{folder}/other.txt")),
+        "cwd_missing": await _error(sbx.commands.run("true", cwd=f"{folder}/no-such-dir")),
+        "connect_unknown": await _error(sbx.commands.connect(999999)),
+        "unknown_command": await _error(sbx.commands.run("no-such-command-e2b")),
+        "folder": folder,
+    }
 
 
 async def main() -> None:

@@ -8,6 +8,7 @@ it observed; the pytest side asserts on it.
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import io
 import json
@@ -36,7 +37,9 @@ def scenario(
 
 @scenario("commands/foreground")
 def _foreground(sbx: Sandbox, work: str) -> dict[str, Any]:
-    r = sbx.commands.run('echo "$GREETING from $(pwd)"; echo oops >&2', envs={"GREETING": "hi"}, cwd=work)
+    where = f"{work}/elsewhere"  # not the user's home, where a command runs without a cwd
+    sbx.commands.run(f"mkdir -p {where}")
+    r = sbx.commands.run('echo "$GREETING from $(pwd)"; echo oops >&2', envs={"GREETING": "hi"}, cwd=where)
     return {"stdout": r.stdout, "stderr": r.stderr, "exit_code": r.exit_code}
 
 
@@ -112,16 +115,32 @@ def _kill(sbx: Sandbox, work: str) -> dict[str, Any]:
 
 @scenario("commands/timeout")
 def _timeout(sbx: Sandbox, work: str) -> dict[str, Any]:
-    marker = os.path.join(work, "survived")
+    marker = f"{work}/timeout-survived"  # written only if the command outlives its 1 s deadline
     started = time.monotonic()
     try:
-        sbx.commands.run(f"sleep 3; touch {marker}", timeout=1)
+        sbx.commands.run(f"sleep 2; touch {marker}", timeout=1)
         raised = None
     except TimeoutException as exc:
         raised = type(exc).__name__
     elapsed = time.monotonic() - started
-    time.sleep(3)
-    return {"raised": raised, "elapsed": elapsed, "process_survived": os.path.exists(marker)}
+    time.sleep(max(0.0, started + 3 - time.monotonic()))  # a surviving command has written its marker by now
+    return {"raised": raised, "elapsed": elapsed, "process_survived": sbx.files.exists(marker)}
+
+
+@scenario("commands/connect-timeout")
+def _connect_timeout(sbx: Sandbox, work: str) -> dict[str, Any]:
+    marker = f"{work}/connect-survived"  # Connect's own deadline ends its stream, not the process
+    handle = sbx.commands.run(f"sleep 2; touch {marker}", background=True)
+    started = time.monotonic()
+    try:
+        sbx.commands.connect(handle.pid, timeout=1).wait()
+        raised = None
+    except TimeoutException as exc:
+        raised = type(exc).__name__
+    elapsed = time.monotonic() - started
+    listed = handle.pid in [p.pid for p in sbx.commands.list()]
+    time.sleep(max(0.0, started + 3 - time.monotonic()))
+    return {"raised": raised, "elapsed": elapsed, "listed_after": listed, "process_finished": sbx.files.exists(marker)}
 
 
 @scenario("commands/user-and-env")
@@ -132,11 +151,19 @@ def _user(sbx: Sandbox, work: str) -> dict[str, Any]:
 
 @scenario("pty/session")
 def _pty(sbx: Sandbox, work: str) -> dict[str, Any]:
-    handle = sbx.pty.create(PtySize(cols=80, rows=24))
-    sbx.pty.resize(handle.pid, PtySize(cols=100, rows=30))
-    sbx.pty.send_stdin(handle.pid, b"echo MARK-$((20+22)); stty size; exit\n")
+    handle = sbx.pty.create(PtySize(cols=100, rows=30))
+    sbx.pty.send_stdin(handle.pid, b"stty size; echo FIRST-$((1+1))\n")  # the size asked for at start
     chunks: list[bytes] = []
-    result = handle.wait(on_pty=chunks.append)
+    resized: list[bool] = []
+
+    def on_pty(chunk: bytes) -> None:
+        chunks.append(chunk)
+        if b"FIRST-2" in b"".join(chunks) and not resized:  # the first size is out: now resize
+            resized.append(True)
+            sbx.pty.resize(handle.pid, PtySize(cols=120, rows=40))
+            sbx.pty.send_stdin(handle.pid, b"echo MARK-$((20+22)); stty size; exit\n")
+
+    result = handle.wait(on_pty=on_pty)
     return {"output": b"".join(chunks).decode("utf-8", "replace"), "exit_code": result.exit_code}
 
 
@@ -279,8 +306,73 @@ def _watch(sbx: Sandbox, work: str) -> dict[str, Any]:
         if ["remove", "sub/b.txt"] in events:
             break
         time.sleep(0.1)
+    other = sbx.files.watch_dir(root)  # another watcher, which must outlive the first one's removal
+    twin = copy.copy(handle)  # the client refuses a stopped handle itself; its copy still asks the agent
     handle.stop()
-    return {"events": events, "watcher": "CreateWatcher/GetWatcherEvents"}
+    try:
+        twin.get_new_events()
+        stopped_error = None
+    except Exception as exc:  # noqa: BLE001 - the class is what is checked
+        stopped_error = type(exc).__name__
+    sbx.files.write(f"{root}/after.txt", "x")
+    after: list[list[str]] = []
+    for _ in range(50):
+        after += [[e.type.value, e.name] for e in other.get_new_events()]
+        if ["create", "after.txt"] in after:
+            break
+        time.sleep(0.1)
+    other.stop()
+    return {
+        "events": events,
+        "watcher": "CreateWatcher/GetWatcherEvents",
+        "stopped_error": stopped_error,
+        "other_events": after,
+    }
+
+
+def _entry(entry: Any) -> dict[str, Any] | None:
+    if entry is None:
+        return None
+    kind = entry.type.value if entry.type else None
+    return {"name": entry.name, "type": kind, "size": entry.size, "path": entry.path}
+
+
+@scenario("watch/polling-options")
+def _watch_options(sbx: Sandbox, work: str) -> dict[str, Any]:
+    root = f"{work}/watched-options"
+    sbx.commands.run(f"mkdir -p {root}")
+    with_entry = sbx.files.watch_dir(root, include_entry=True)
+    without_entry = sbx.files.watch_dir(root)
+    sbx.files.write(f"{root}/e.txt", "12345")
+    sbx.commands.run(f"mkdir {root}/d")
+    seen: dict[str, list[list[Any]]] = {"with_entry": [], "without_entry": []}
+    for _ in range(100):
+        for key, handle in (("with_entry", with_entry), ("without_entry", without_entry)):
+            seen[key] += [[e.type.value, e.name, _entry(e.entry)] for e in handle.get_new_events()]
+        if all({("write", "e.txt"), ("create", "d")} <= {(e[0], e[1]) for e in got} for got in seen.values()):
+            break
+        time.sleep(0.1)
+    with_entry.stop()
+    without_entry.stop()
+    # A relative path is resolved against the acting user's home: the folder exists in root's only.
+    name = "watch-as-root-py-sync"
+    sbx.commands.run(f"rm -rf ~/{name}; mkdir ~/{name}", user="root")
+    try:
+        sbx.files.watch_dir(name, user="user").stop()
+        as_user = None
+    except Exception as exc:  # noqa: BLE001 - the class is what is checked
+        as_user = type(exc).__name__
+    as_root = sbx.files.watch_dir(name, user="root")
+    sbx.commands.run(f"touch ~/{name}/r.txt", user="root")
+    root_events: list[list[str]] = []
+    for _ in range(50):
+        root_events += [[e.type.value, e.name] for e in as_root.get_new_events()]
+        if ["create", "r.txt"] in root_events:
+            break
+        time.sleep(0.1)
+    as_root.stop()
+    sbx.commands.run(f"rm -rf ~/{name}", user="root")
+    return {**seen, "as_user_error": as_user, "as_root_events": root_events}
 
 
 @scenario("properties/batch")
@@ -333,6 +425,79 @@ def _parallel_traffic(sbx: Sandbox, work: str) -> dict[str, Any]:
         commands = pool.map(safe_command, range(PARALLEL))
         files = pool.map(round_trip, range(PARALLEL))
         return {"commands": list(commands), "files": list(files)}
+
+
+# Payload size classes: empty, one byte, just over 64 KiB, several MiB (files and command output).
+SIZES = (0, 1, 65537, 8 * 1024 * 1024 + 3)
+OUTPUT_SIZES = (0, 1, 4 * 1024 * 1024)
+SEQ = 200000  # ``seq 1 SEQ``: 1.3 MB of numbered lines, in order
+
+
+@scenario("files/size-classes")
+def _size_classes(sbx: Sandbox, work: str) -> dict[str, Any]:
+    files = []
+    for size in SIZES:
+        data, path = os.urandom(size), f"{work}/sizes/{size}.bin"
+        sbx.files.write(path, data, request_timeout=120)
+        back = bytes(sbx.files.read(path, format="bytes", request_timeout=120))
+        stored = sbx.commands.run(f"sha256sum {path}").stdout.split()[0]
+        files.append(
+            {
+                "size": size,
+                "written": hashlib.sha256(data).hexdigest(),
+                "read": hashlib.sha256(back).hexdigest(),
+                "read_size": len(back),
+                "info_size": sbx.files.get_info(path).size,
+                "stored": stored,
+            }
+        )
+    sbx.files.write(f"{work}/sizes/empty.txt", "")
+    outputs = []
+    for size in OUTPUT_SIZES:
+        r = sbx.commands.run(f"head -c {size} /dev/zero | tr '\\0' a; head -c {size} /dev/zero | tr '\\0' b >&2")
+        outputs.append(
+            {
+                "size": size,
+                "stdout": [len(r.stdout), sorted(set(r.stdout))],
+                "stderr": [len(r.stderr), sorted(set(r.stderr))],
+            }
+        )
+    seq = sbx.commands.run(f"seq 1 {SEQ}")
+    return {
+        "files": files,
+        "empty_text": sbx.files.read(f"{work}/sizes/empty.txt"),
+        "outputs": outputs,
+        "seq": [SEQ, hashlib.sha256(seq.stdout.encode()).hexdigest()],
+    }
+
+
+def _error(call: Callable[[], Any]) -> list[Any]:
+    """What the client raised: its class and message (what a user sees), and an exit code if any."""
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - the answer is which exception, whatever it is
+        return [type(exc).__name__, str(exc), getattr(exc, "exit_code", None), getattr(exc, "stderr", None)]
+    return ["none", "", None, None]
+
+
+@scenario("errors/messages")
+def _errors(sbx: Sandbox, work: str) -> dict[str, Any]:
+    folder = f"{work}/errors"
+    plain = f"{folder}/plain.txt"
+    sbx.files.write(plain, "plain")
+    return {
+        "read_missing": _error(lambda: sbx.files.read(f"{folder}/missing.txt")),
+        "info_missing": _error(lambda: sbx.files.get_info(f"{folder}/missing.txt")),
+        "list_missing": _error(lambda: sbx.files.list(f"{folder}/missing")),
+        "list_file": _error(lambda: sbx.files.list(plain)),
+        "write_under_file": _error(lambda: sbx.files.write(f"{plain}/child.txt", "x")),
+        "make_dir_under_file": _error(lambda: sbx.files.make_dir(f"{plain}/sub")),
+        "rename_missing": _error(lambda: sbx.files.rename(f"{folder}/missing.txt", f"{folder}/other.txt")),
+        "cwd_missing": _error(lambda: sbx.commands.run("true", cwd=f"{folder}/no-such-dir")),
+        "connect_unknown": _error(lambda: sbx.commands.connect(999999)),
+        "unknown_command": _error(lambda: sbx.commands.run("no-such-command-e2b")),
+        "folder": folder,
+    }
 
 
 def main() -> None:

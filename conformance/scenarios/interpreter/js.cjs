@@ -84,6 +84,14 @@ const SLEEP = 'import time\ntime.sleep(60)\nfinished_sleeping = True'
 const concurrentCode = (who) =>
   `import json, time\nstart = time.time()\ntime.sleep(2)\nprint(json.dumps({"who": "${who}", "start": start, "end": time.time()}))`
 
+// The contexts routes as the clients call them, sent here without the traffic token ({id}: a context's).
+const BARE_CONTEXTS = {
+  create: ['POST', '/contexts'],
+  list: ['GET', '/contexts'],
+  restart: ['POST', '/contexts/{id}/restart'],
+  remove: ['DELETE', '/contexts/{id}'],
+}
+
 // Each entry: [create options, scenario].
 const scenarios = {
   'interpreter/run/basic': [
@@ -181,6 +189,25 @@ const scenarios = {
     },
   ],
 
+  'interpreter/env-vars/sandbox-global': [
+    { envs: { GLOBAL_VAR: 'g' }, secure: true },
+    async (sbx) => {
+      // Secure: envd's /envs needs the token, which only the run's own X-Access-Token can supply.
+      const byDefault = await sbx.runCode(SHOW_ENV)
+      const context = await sbx.createCodeContext()
+      const created = await sbx.runCode(SHOW_ENV, { context })
+      await sbx.restartCodeContext(context)
+      const restarted = await sbx.runCode(SHOW_ENV, { context })
+      const bash = await sbx.runCode('echo "$GLOBAL_VAR"', { language: 'bash' })
+      return {
+        default: byDefault.logs.stdout,
+        created: created.logs.stdout,
+        restarted: restarted.logs.stdout,
+        bash: bash.logs.stdout,
+      }
+    },
+  ],
+
   'interpreter/interrupt/timeout-then-run': [
     {},
     async (sbx) => {
@@ -256,7 +283,26 @@ const scenarios = {
         signal: AbortSignal.timeout(30000),
       })
       const withBody = await withToken.text()
-      const run = await sbx.runCode('1+1') // the client sends the token itself
+      const run = await sbx.runCode('1+1') // the client sends the token itself, on the contexts calls too
+      const context = await sbx.createCodeContext()
+      await sbx.runCode('marker = 1', { context })
+      const idsBefore = (await sbx.listCodeContexts()).map((c) => c.id).sort()
+      const refused = {}
+      for (const [name, [method, path]] of Object.entries(BARE_CONTEXTS)) {
+        const answer = await fetch(`https://${sbx.getHost(49999)}${path.replace('{id}', context.id)}`, {
+          method,
+          headers: { 'Content-Type': 'application/json' },
+          body: name === 'create' ? '{}' : undefined,
+          signal: AbortSignal.timeout(30000),
+        })
+        refused[name] = { status: answer.status, body: await answer.text() }
+      }
+      trace('contexts calls without the token sent')
+      const idsAfter = (await sbx.listCodeContexts()).map((c) => c.id).sort()
+      const kept = await sbx.runCode('marker', { context })
+      await sbx.restartCodeContext(context)
+      const restarted = await sbx.runCode('marker', { context })
+      await sbx.removeCodeContext(context)
       return {
         has_token: Boolean(token),
         without: without.status,
@@ -264,6 +310,12 @@ const scenarios = {
         with: withToken.status,
         with_body: withBody,
         run: run.text ?? null,
+        contexts_without: refused,
+        listed: idsBefore.includes(context.id),
+        unchanged_without: JSON.stringify(idsAfter) === JSON.stringify(idsBefore),
+        kept_without: kept.text ?? null,
+        restarted_error: restarted.error ? restarted.error.name : null,
+        removed: (await sbx.listCodeContexts()).every((c) => c.id !== context.id),
       }
     },
   ],

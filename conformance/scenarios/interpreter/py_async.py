@@ -203,6 +203,23 @@ async def _env_vars(sbx: AsyncSandbox) -> dict[str, Any]:
     return {"before": before.logs.stdout, "during": during.logs.stdout, "after": after.logs.stdout}
 
 
+@scenario("interpreter/env-vars/sandbox-global", envs={"GLOBAL_VAR": "g"}, secure=True)
+async def _sandbox_global(sbx: AsyncSandbox) -> dict[str, Any]:
+    # Secure: envd's /envs needs the token, which only the run's own X-Access-Token can supply.
+    default = await sbx.run_code(SHOW_ENV)
+    context = await sbx.create_code_context()
+    created = await sbx.run_code(SHOW_ENV, context=context)
+    await sbx.restart_code_context(context)
+    restarted = await sbx.run_code(SHOW_ENV, context=context)
+    bash = await sbx.run_code('echo "$GLOBAL_VAR"', language="bash")
+    return {
+        "default": default.logs.stdout,
+        "created": created.logs.stdout,
+        "restarted": restarted.logs.stdout,
+        "bash": bash.logs.stdout,
+    }
+
+
 # Whether the cell ran to its end shows in the kernel's globals afterwards: no clock involved.
 SLEEP = "import time\ntime.sleep(60)\nfinished_sleeping = True"
 
@@ -270,14 +287,37 @@ async def _languages(sbx: AsyncSandbox) -> dict[str, Any]:
     return {"bash": execution_of(bash), "unsupported": unsupported}
 
 
+# The contexts routes as the clients call them, sent here without the traffic token ({id}: a context's).
+BARE_CONTEXTS = {
+    "create": ("POST", "/contexts"),
+    "list": ("GET", "/contexts"),
+    "restart": ("POST", "/contexts/{id}/restart"),
+    "remove": ("DELETE", "/contexts/{id}"),
+}
+
+
 @scenario("interpreter/network/private-traffic", network={"allow_public_traffic": False})
 async def _private_traffic(sbx: AsyncSandbox) -> dict[str, Any]:
     token = sbx.traffic_access_token
-    health = f"https://{sbx.get_host(49999)}/health"
+    base = f"https://{sbx.get_host(49999)}"
     async with httpx.AsyncClient(timeout=30) as http:
-        without = await http.get(health)
-        with_token = await http.get(health, headers={"E2B-Traffic-Access-Token": token or ""})
-    run = await sbx.run_code("1+1")  # the client sends the token itself
+        without = await http.get(f"{base}/health")
+        with_token = await http.get(f"{base}/health", headers={"E2B-Traffic-Access-Token": token or ""})
+        run = await sbx.run_code("1+1")  # the client sends the token itself, on the contexts calls too
+        context = await sbx.create_code_context()
+        await sbx.run_code("marker = 1", context=context)
+        ids_before = sorted(c.id for c in await sbx.list_code_contexts())
+        refused = {}
+        for name, (method, path) in BARE_CONTEXTS.items():
+            url = base + path.format(id=context.id)
+            answer = await http.request(method, url, json={} if name == "create" else None)
+            refused[name] = {"status": answer.status_code, "body": answer.text}
+    trace("contexts calls without the token sent")
+    ids_after = sorted(c.id for c in await sbx.list_code_contexts())
+    kept = await sbx.run_code("marker", context=context)
+    await sbx.restart_code_context(context)
+    restarted = await sbx.run_code("marker", context=context)
+    await sbx.remove_code_context(context)
     return {
         "has_token": bool(token),
         "without": without.status_code,
@@ -285,6 +325,12 @@ async def _private_traffic(sbx: AsyncSandbox) -> dict[str, Any]:
         "with": with_token.status_code,
         "with_body": with_token.text,
         "run": run.text,
+        "contexts_without": refused,
+        "listed": context.id in ids_before,
+        "unchanged_without": ids_after == ids_before,
+        "kept_without": kept.text,
+        "restarted_error": restarted.error.name if restarted.error else None,
+        "removed": all(c.id != context.id for c in await sbx.list_code_contexts()),
     }
 
 

@@ -49,6 +49,69 @@ class Echo(http.server.BaseHTTPRequestHandler):
 http.server.ThreadingHTTPServer(("0.0.0.0", 8001), Echo).serve_forever()
 `
 
+// Whole seconds around a sample between two others, which the window leaves out (null: no such sample yet).
+function metricsWindow(stamps) {
+  for (let i = 1; i + 1 < stamps.length; i++) {
+    const [start, end] = [Math.floor(stamps[i]), Math.ceil(stamps[i])]
+    if (stamps[i - 1] < start && stamps[i + 1] > end) return [start, end]
+  }
+  return null
+}
+
+// One Connect streaming envelope: flags 0, the length, the JSON message.
+function envelope(message) {
+  const payload = Buffer.from(JSON.stringify(message))
+  const head = Buffer.alloc(5)
+  head.writeUInt32BE(payload.length, 1)
+  return Buffer.concat([head, payload])
+}
+
+// The status of each process and watch RPC sent to the sandbox's envd without its token, each
+// aimed at a live process or folder, so that a request let through would act.
+async function rpcStatusesWithoutToken(target, pid, sleeper, terminal) {
+  const base = `https://${target.getHost(49983)}`
+  const unary = { 'Content-Type': 'application/json', 'Connect-Protocol-Version': '1' }
+  const stream = { 'Content-Type': 'application/connect+json', 'Connect-Protocol-Version': '1' }
+  const calls = {
+    'process.Process/SendInput': { process: { pid }, input: { stdin: 'eAo=' } },
+    'process.Process/CloseStdin': { process: { pid } },
+    'process.Process/SendSignal': { process: { pid: sleeper }, signal: 'SIGNAL_SIGKILL' },
+    'process.Process/Update': { process: { pid: terminal }, pty: { size: { cols: 90, rows: 20 } } },
+    'filesystem.Filesystem/CreateWatcher': { path: '/home/user/watched' },
+    'filesystem.Filesystem/GetWatcherEvents': { watcherId: 'no-such-watcher' },
+    'filesystem.Filesystem/RemoveWatcher': { watcherId: 'no-such-watcher' },
+  }
+  const streams = {
+    'process.Process/Connect': { process: { pid } },
+    'filesystem.Filesystem/WatchDir': { path: '/home/user/watched' },
+  }
+  const statuses = {}
+  for (const [route, body] of Object.entries(calls)) {
+    const response = await fetch(`${base}/${route}`, {
+      method: 'POST',
+      body: JSON.stringify(body),
+      headers: unary,
+      signal: AbortSignal.timeout(10000),
+    })
+    await response.arrayBuffer()
+    statuses[route.split('/')[1]] = response.status
+  }
+  for (const [route, body] of Object.entries(streams)) {
+    const controller = new AbortController()
+    const timer = setTimeout(() => controller.abort(), 10000)
+    const response = await fetch(`${base}/${route}`, {
+      method: 'POST',
+      body: envelope(body),
+      headers: stream,
+      signal: controller.signal,
+    })
+    statuses[route.split('/')[1]] = response.status
+    controller.abort() // a stream let through would stay open: only its status is wanted
+    clearTimeout(timer)
+  }
+  return statuses
+}
+
 const scenarios = {
   'sandbox/create-env-metadata': async () => {
     const sbx = await Sandbox.create({ envs: { FROM_CREATE: 'yes' }, metadata: { case: 'create', n: '1' }, timeoutMs: 120000 })
@@ -62,6 +125,7 @@ const scenarios = {
         state: info.state,
         same_id: info.sandboxId === sbx.sandboxId,
         ends_after_start: info.endAt.getTime() > info.startedAt.getTime(),
+        lifetime: (info.endAt.getTime() - info.startedAt.getTime()) / 1000,
       }
     } finally {
       await sbx.kill()
@@ -147,10 +211,13 @@ const scenarios = {
   'sandbox/list-filter-paginate': async () => {
     const suite = crypto.randomUUID().replace(/-/g, '').slice(0, 12)
     const made = []
+    let decoy = null
     try {
       for (let i = 0; i < 3; i++) {
         made.push(await Sandbox.create({ metadata: { suite, i: String(i) }, timeoutMs: 120000 }))
       }
+      // The same owner's sandbox of another suite (sharing i: '0' with the first): the filter leaves it out.
+      decoy = await Sandbox.create({ metadata: { suite: `${suite}-decoy`, i: '0' }, timeoutMs: 120000 })
       const paginator = Sandbox.list({ query: { metadata: { suite } }, limit: 2 })
       let pages = 0
       const seen = []
@@ -173,6 +240,7 @@ const scenarios = {
       return {
         suite,
         made: made.map((s) => s.sandboxId),
+        decoy: decoy.sandboxId,
         walks,
         pages,
         all_found: sameSet(seen, made.map((s) => s.sandboxId)),
@@ -182,6 +250,7 @@ const scenarios = {
       }
     } finally {
       for (const sbx of made) await sbx.kill()
+      if (decoy !== null) await decoy.kill()
     }
   },
 
@@ -248,12 +317,26 @@ const scenarios = {
 
   'sandbox/snapshot-restore': async () => {
     const source = await Sandbox.create({ timeoutMs: 120000 })
+    const other = await Sandbox.create({ timeoutMs: 120000 })
     let restored = null
+    const taken = []
     try {
       await source.files.write('/home/user/snap.txt', 'snapshot content')
       const snapshot = await source.createSnapshot()
       const snapshotId = snapshot.snapshotId
-      const listed = (await Sandbox.listSnapshots({ sandboxId: source.sandboxId }).nextItems()).map((s) => s.snapshotId)
+      taken.push(snapshotId)
+      const name = `named-${crypto.randomUUID().replace(/-/g, '').slice(0, 12)}`
+      const named = await source.createSnapshot({ name })
+      taken.push(named.snapshotId)
+      const theirs = await other.createSnapshot() // another sandbox's: the sandbox filter leaves it out
+      taken.push(theirs.snapshotId)
+      const listedItems = await Sandbox.listSnapshots({ sandboxId: source.sandboxId }).nextItems()
+      const listed = listedItems.map((s) => s.snapshotId)
+      const listedOther = (await Sandbox.listSnapshots({ sandboxId: other.sandboxId }).nextItems()).map((s) => s.snapshotId)
+      // At most five pages: a cursor the server ignores would page forever.
+      const pages = []
+      const paginator = Sandbox.listSnapshots({ sandboxId: source.sandboxId, limit: 1 })
+      while (paginator.hasNext && pages.length < 5) pages.push((await paginator.nextItems()).map((s) => s.snapshotId))
       const sourceRunning = await source.isRunning()
       await source.kill()
       restored = await Sandbox.create(snapshotId, { timeoutMs: 120000 })
@@ -276,10 +359,20 @@ const scenarios = {
         in_use: inUse,
         deleted: await Sandbox.deleteSnapshot(snapshotId),
         deleted_again: await Sandbox.deleteSnapshot(snapshotId),
+        name,
+        named_names: named.names,
+        listed_names: Object.fromEntries(listedItems.map((s) => [s.snapshotId, s.names])),
+        source_snapshots: [snapshotId, named.snapshotId],
+        other_snapshot: theirs.snapshotId,
+        listed_source: listed,
+        listed_other: listedOther,
+        pages,
       }
     } finally {
       await source.kill()
+      await other.kill()
       if (restored !== null) await restored.kill()
+      for (const takenId of taken.slice(1)) await Sandbox.deleteSnapshot(takenId)
     }
   },
 
@@ -290,10 +383,20 @@ const scenarios = {
       let metrics = []
       await waitUntil(async () => {
         metrics = await sbx.getMetrics()
-        return metrics.length >= 2 // the server samples every second in these tests
-      }, 15)
+        return metricsWindow(metrics.map((m) => m.timestamp.getTime() / 1000)) !== null
+      }, 40)
       const first = metrics.length ? metrics[0] : null
+      const series = metrics.map((m) => m.timestamp.getTime() / 1000)
+      const window = metricsWindow(series) ?? [0, 0] // a window that leaves out the first and last samples
+      const [start, end] = window.map((t) => new Date(t * 1000))
+      const windowed = (await sbx.getMetrics({ start, end })).map((m) => m.timestamp.getTime() / 1000)
+      const started = Math.floor((await sbx.getInfo()).startedAt.getTime() / 1000)
+      const before = await sbx.getMetrics({ start: new Date((started - 3600) * 1000), end: new Date((started - 1800) * 1000) })
       return {
+        series,
+        window,
+        windowed,
+        before_start: before.length,
         count: metrics.length,
         cpu_count: first ? first.cpuCount : null,
         mem_total: first ? first.memTotal : null,
@@ -569,6 +672,23 @@ const scenarios = {
       await files.write('/tmp/roots.txt', "root's", root)
       const owners = (await sbx.commands.run('stat -c %U /home/user/mine.txt /tmp/roots.txt')).stdout.split(/\s+/).filter(Boolean)
       const whoami = [(await sbx.commands.run('id -un', root)).stdout, (await sbx.commands.run('id -un')).stdout]
+      // Process and watch calls on the secure sandbox: refused without the token, served with it.
+      const cat = await sbx.commands.run('cat', { background: true, stdin: true })
+      const sleeper = await sbx.commands.run('sleep 600', { background: true })
+      const terminal = await sbx.pty.create({ cols: 80, rows: 24, onData: () => {} })
+      await files.makeDir('/home/user/watched')
+      const rpcWithoutToken = await rpcStatusesWithoutToken(sbx, cat.pid, sleeper.pid, terminal.pid)
+      const again = await sbx.commands.connect(cat.pid)
+      await sbx.commands.sendStdin(cat.pid, 'through the token\n')
+      await sbx.commands.closeStdin(cat.pid)
+      await sbx.pty.resize(terminal.pid, { cols: 100, rows: 30 })
+      const killed = await sbx.commands.kill(sleeper.pid)
+      const names = []
+      const watcher = await files.watchDir('/home/user/watched', (event) => names.push(event.name))
+      await files.write('/home/user/watched/w.txt', 'w')
+      const watched = await waitUntil(async () => names.includes('w.txt'), 10)
+      await watcher.stop()
+      const rpcWithToken = { stdin: (await again.wait()).stdout, resized: true, killed, watched }
       const raw = async (target) => {
         const base = `https://${target.getHost(49983)}`
         const rpc = { 'Content-Type': 'application/json', 'Connect-Protocol-Version': '1' }
@@ -596,11 +716,70 @@ const scenarios = {
         whoami,
         secure_without_token: await raw(sbx),
         public_without_token: await raw(open),
+        rpc_without_token: rpcWithoutToken,
+        rpc_with_token: rpcWithToken,
       }
     } finally {
       await Promise.allSettled([sbx.kill(), open.kill()])
     }
   },
+}
+
+// A secure sandbox's signed file URLs, fetched without its token: good, tampered and expired ones.
+scenarios['sandbox/signed-urls'] = async () => {
+  const sbx = await Sandbox.create({ timeoutMs: 120000, secure: true })
+  try {
+    const path = '/home/user/signed.txt'
+    await sbx.files.write(path, 'signed content')
+    const get = async (url) => {
+      const response = await fetch(url, { signal: AbortSignal.timeout(10000) })
+      const text = await response.text()
+      return [response.status, response.status === 200 ? text : null]
+    }
+    const post = async (url, content) => {
+      const form = new FormData()
+      form.append('file', new Blob([content]), 'f.txt')
+      const response = await fetch(url, { method: 'POST', body: form, signal: AbortSignal.timeout(10000) })
+      await response.arrayBuffer()
+      return response.status
+    }
+    const tampered = (url) => {
+      const changed = new URL(url)
+      const signature = changed.searchParams.get('signature')
+      changed.searchParams.set('signature', signature.slice(0, -1) + (signature.endsWith('A') ? 'B' : 'A'))
+      return changed.toString()
+    }
+    const withoutExpiration = (url) => {
+      const changed = new URL(url)
+      changed.searchParams.delete('signature_expiration')
+      return changed.toString()
+    }
+    const download = await sbx.downloadUrl(path)
+    const expiring = await sbx.downloadUrl(path, { useSignatureExpiration: 120 })
+    const upload = await sbx.uploadUrl('/home/user/up.txt')
+    const uploadExpiring = await sbx.uploadUrl('/home/user/up-expiring.txt', { useSignatureExpiration: 120 })
+    const result = {
+      has_signature: download.includes('signature=') && expiring.includes('signature_expiration='),
+      download: await get(download),
+      download_tampered: (await get(tampered(download)))[0],
+      download_expiring: await get(expiring),
+      download_expired: (await get(await sbx.downloadUrl(path, { useSignatureExpiration: -30 })))[0],
+      download_expiration_dropped: (await get(withoutExpiration(expiring)))[0],
+    }
+    result.upload = await post(upload, 'uploaded')
+    result.upload_tampered = await post(tampered(await sbx.uploadUrl('/home/user/up-tampered.txt')), 'x')
+    result.upload_expiring = await post(uploadExpiring, 'uploaded before expiry')
+    result.upload_expired = await post(await sbx.uploadUrl('/home/user/up-late.txt', { useSignatureExpiration: -30 }), 'x')
+    result.upload_read_signature = await post(await sbx.downloadUrl('/home/user/up-read.txt'), 'x')
+    result.uploaded = {}
+    for (const name of ['up.txt', 'up-expiring.txt', 'up-tampered.txt', 'up-late.txt', 'up-read.txt']) {
+      const target = `/home/user/${name}`
+      result.uploaded[name] = (await sbx.files.exists(target)) ? await sbx.files.read(target) : null
+    }
+    return result
+  } finally {
+    await sbx.kill()
+  }
 }
 
 async function main() {

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import sys
 import time
+import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -21,6 +23,7 @@ from typing import Any
 
 import httpx
 from e2b import AsyncSandbox, AuthenticationException, NotFoundException, SandboxException, SandboxQuery, SandboxState
+from e2b.sandbox.commands.command_handle import PtySize
 
 Scenario = Callable[[str], Awaitable[dict[str, Any]]]
 SCENARIOS: dict[str, Scenario] = {}
@@ -60,6 +63,7 @@ async def _create(work: str) -> dict[str, Any]:
             "state": info.state.value,
             "same_id": info.sandbox_id == sbx.sandbox_id,
             "ends_after_start": info.end_at > info.started_at,
+            "lifetime": (info.end_at - info.started_at).total_seconds(),
         }
     finally:
         await sbx.kill()
@@ -97,6 +101,10 @@ async def _list(work: str) -> dict[str, Any]:
     try:
         for i in range(3):
             made.append(await AsyncSandbox.create(metadata={"suite": suite, "i": str(i)}, timeout=120))
+        # The same owner's sandbox of another suite (sharing "i": "0" with the first): the filter leaves it out.
+        decoy = await AsyncSandbox.create(metadata={"suite": f"{suite}-decoy", "i": "0"}, timeout=120)
+        made_ids = [s.sandbox_id for s in made]
+        made.append(decoy)
         paginator = AsyncSandbox.list(query=SandboxQuery(metadata={"suite": suite}), limit=2)
         pages, seen = 0, []
         while paginator.has_next:
@@ -120,13 +128,14 @@ async def _list(work: str) -> dict[str, Any]:
         ).next_items()
         return {
             "suite": suite,
-            "made": [s.sandbox_id for s in made],
+            "made": made_ids,
+            "decoy": decoy.sandbox_id,
             "walks": walks,
             "pages": pages,
-            "all_found": sorted(seen) == sorted(s.sandbox_id for s in made),
+            "all_found": sorted(seen) == sorted(made_ids),
             "paused": [s.sandbox_id for s in paused] == [made[0].sandbox_id],
             "paused_state": [s.state.value for s in paused],
-            "running": sorted(s.sandbox_id for s in running) == sorted(s.sandbox_id for s in made[1:]),
+            "running": sorted(s.sandbox_id for s in running) == sorted(made_ids[1:]),
         }
     finally:
         for sbx in made:
@@ -202,17 +211,35 @@ async def _pause_filesystem(work: str) -> dict[str, Any]:
         await sbx.kill()
 
 
+async def _snapshot_pages(paginator: Any) -> list[list[str]]:
+    """A snapshot list's pages, at most five: a cursor the server ignores would page forever."""
+    pages: list[list[str]] = []
+    while paginator.has_next and len(pages) < 5:
+        pages.append([s.snapshot_id for s in await paginator.next_items()])
+    return pages
+
+
 @scenario("sandbox/snapshot-restore")
 async def _snapshot(work: str) -> dict[str, Any]:
     source = await AsyncSandbox.create(timeout=120)
+    other = await AsyncSandbox.create(timeout=120)
     restored = None
     snapshot_id = None
+    taken: list[str] = []
     try:
         await source.files.write("/home/user/snap.txt", "snapshot content")
         snapshot = await source.create_snapshot()
         snapshot_id = snapshot.snapshot_id
+        taken.append(snapshot_id)
+        name = f"named-{uuid.uuid4().hex[:12]}"
+        named = await source.create_snapshot(name=name)
+        taken.append(named.snapshot_id)
+        theirs = await other.create_snapshot()  # another sandbox's: the sandbox filter leaves it out
+        taken.append(theirs.snapshot_id)
         listed_items = await AsyncSandbox.list_snapshots(sandbox_id=source.sandbox_id).next_items()
         listed = [s.snapshot_id for s in listed_items]
+        other_items = await AsyncSandbox.list_snapshots(sandbox_id=other.sandbox_id).next_items()
+        pages = await _snapshot_pages(AsyncSandbox.list_snapshots(sandbox_id=source.sandbox_id, limit=1))
         source_running = await source.is_running()
         await source.kill()
         restored = await AsyncSandbox.create(snapshot_id, timeout=120)
@@ -232,11 +259,31 @@ async def _snapshot(work: str) -> dict[str, Any]:
             "in_use": in_use,
             "deleted": await AsyncSandbox.delete_snapshot(snapshot_id),
             "deleted_again": await AsyncSandbox.delete_snapshot(snapshot_id),
+            "name": name,
+            "named_names": named.names,
+            "listed_names": {s.snapshot_id: s.names for s in listed_items},
+            "source_snapshots": [snapshot_id, named.snapshot_id],
+            "other_snapshot": theirs.snapshot_id,
+            "listed_source": listed,
+            "listed_other": [s.snapshot_id for s in other_items],
+            "pages": pages,
         }
     finally:
         await source.kill()
+        await other.kill()
         if restored is not None:
             await restored.kill()
+        for taken_id in taken[1:]:
+            await AsyncSandbox.delete_snapshot(taken_id)
+
+
+def _metrics_window(stamps: list[float]) -> list[int] | None:
+    """Whole seconds around a sample between two others, which the window leaves out (None: no such sample yet)."""
+    for before, sample, after in zip(stamps, stamps[1:], stamps[2:], strict=False):
+        start, end = math.floor(sample), math.ceil(sample)
+        if before < start and after > end:
+            return [start, end]
+    return None
 
 
 @scenario("sandbox/metrics")
@@ -249,16 +296,28 @@ async def _metrics(work: str) -> dict[str, Any]:
         async def sampled() -> bool:
             nonlocal metrics
             metrics = await sbx.get_metrics()
-            return len(metrics) >= 2  # the server samples every second in these tests
+            return _metrics_window([m.timestamp.timestamp() for m in metrics]) is not None
 
-        await wait_until(sampled, 15)
+        await wait_until(sampled, 40)
         first = metrics[0] if metrics else None
+        series = [m.timestamp.timestamp() for m in metrics]
+        window = _metrics_window(series) or [0, 0]  # a window that leaves out the first and last samples
+        start, end = (datetime.fromtimestamp(t, UTC) for t in window)
+        windowed = [m.timestamp.timestamp() for m in await sbx.get_metrics(start=start, end=end)]
+        started = (await sbx.get_info()).started_at.timestamp()
+        before = await sbx.get_metrics(
+            start=datetime.fromtimestamp(int(started) - 3600, UTC), end=datetime.fromtimestamp(int(started) - 1800, UTC)
+        )
         return {
             "count": len(metrics),
             "cpu_count": first.cpu_count if first else None,
             "mem_total": first.mem_total if first else None,
             "mem_used_positive": bool(first and first.mem_used > 0),
             "has_timestamp": bool(first and first.timestamp),
+            "series": series,
+            "window": window,
+            "windowed": windowed,
+            "before_start": len(before),
         }
     finally:
         await sbx.kill()
@@ -536,6 +595,61 @@ async def _raised(call: Awaitable[Any]) -> str | None:
     return None
 
 
+def _envelope(message: dict[str, Any]) -> bytes:
+    """One Connect streaming envelope: flags 0, the length, the JSON message."""
+    payload = json.dumps(message).encode()
+    return bytes([0]) + len(payload).to_bytes(4, "big") + payload
+
+
+async def _rpc_without_token(target: AsyncSandbox, pid: int, sleeper: int, terminal: int) -> dict[str, int]:
+    """The status of each process and watch RPC sent to the sandbox's envd without its token."""
+    base = f"https://{target.get_host(49983)}"
+    unary = {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
+    stream = {"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"}
+    # Each is aimed at a live process or folder, so that a request let through would act.
+    calls: dict[str, dict[str, Any]] = {
+        "process.Process/SendInput": {"process": {"pid": pid}, "input": {"stdin": "eAo="}},
+        "process.Process/CloseStdin": {"process": {"pid": pid}},
+        "process.Process/SendSignal": {"process": {"pid": sleeper}, "signal": "SIGNAL_SIGKILL"},
+        "process.Process/Update": {"process": {"pid": terminal}, "pty": {"size": {"cols": 90, "rows": 20}}},
+        "filesystem.Filesystem/CreateWatcher": {"path": "/home/user/watched"},
+        "filesystem.Filesystem/GetWatcherEvents": {"watcherId": "no-such-watcher"},
+        "filesystem.Filesystem/RemoveWatcher": {"watcherId": "no-such-watcher"},
+    }
+    streams: dict[str, dict[str, Any]] = {
+        "process.Process/Connect": {"process": {"pid": pid}},
+        "filesystem.Filesystem/WatchDir": {"path": "/home/user/watched"},
+    }
+    statuses = {}
+    async with httpx.AsyncClient(timeout=10) as http:
+        for route, body in calls.items():
+            answer = await http.post(f"{base}/{route}", json=body, headers=unary)
+            statuses[route.rpartition("/")[2]] = answer.status_code
+        for route, body in streams.items():
+            async with http.stream("POST", f"{base}/{route}", content=_envelope(body), headers=stream) as response:
+                statuses[route.rpartition("/")[2]] = response.status_code
+    return statuses
+
+
+async def _rpc_with_token(sbx: AsyncSandbox, cat: Any, sleeper: Any, terminal: Any) -> dict[str, Any]:
+    """The same calls through the client, which sends the token: each does what it is for."""
+    again = await sbx.commands.connect(cat.pid)
+    await sbx.commands.send_stdin(cat.pid, "through the token\n")
+    await sbx.commands.close_stdin(cat.pid)
+    await sbx.pty.resize(terminal.pid, PtySize(cols=100, rows=30))
+    killed = await sbx.commands.kill(sleeper.pid)
+    names: list[str] = []
+    watcher = await sbx.files.watch_dir("/home/user/watched", lambda event: names.append(event.name))
+    await sbx.files.write("/home/user/watched/w.txt", "w")
+
+    async def seen() -> bool:
+        return "w.txt" in names
+
+    watched = await wait_until(seen, 10)
+    await watcher.stop()
+    return {"stdin": (await again.wait()).stdout, "resized": True, "killed": killed, "watched": watched}
+
+
 @scenario("sandbox/users-and-tokens")
 async def _users_and_tokens(work: str) -> dict[str, Any]:
     """Who each request acts as (the user option), and the envd token a secure sandbox demands."""
@@ -565,6 +679,12 @@ async def _users_and_tokens(work: str) -> dict[str, Any]:
         await files.write("/tmp/roots.txt", "root's", user="root")
         owners = (await sbx.commands.run("stat -c %U /home/user/mine.txt /tmp/roots.txt")).stdout.split()
         whoami = [(await sbx.commands.run("id -un", user="root")).stdout, (await sbx.commands.run("id -un")).stdout]
+        cat = await sbx.commands.run("cat", background=True, stdin=True)
+        sleeper = await sbx.commands.run("sleep 600", background=True)
+        terminal = await sbx.pty.create(PtySize(cols=80, rows=24), on_data=lambda _: None)
+        await files.make_dir("/home/user/watched")
+        rpc_without_token = await _rpc_without_token(sbx, cat.pid, sleeper.pid, terminal.pid)
+        rpc_with_token = await _rpc_with_token(sbx, cat, sleeper, terminal)
 
         async def raw(target: AsyncSandbox) -> dict[str, int]:
             base = f"https://{target.get_host(49983)}"
@@ -588,10 +708,74 @@ async def _users_and_tokens(work: str) -> dict[str, Any]:
             "whoami": whoami,
             "secure_without_token": await raw(sbx),
             "public_without_token": await raw(public),
+            "rpc_without_token": rpc_without_token,
+            "rpc_with_token": rpc_with_token,
         }
     finally:
         await sbx.kill()
         await public.kill()
+
+
+def _tampered(url: str) -> str:
+    """The URL with the last character of its signature changed."""
+    parts = urllib.parse.urlsplit(url)
+    query = [
+        (key, value[:-1] + ("B" if value.endswith("A") else "A") if key == "signature" else value)
+        for key, value in urllib.parse.parse_qsl(parts.query)
+    ]
+    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+
+
+def _without_expiration(url: str) -> str:
+    """The URL without its signature_expiration (the signature still covers it)."""
+    parts = urllib.parse.urlsplit(url)
+    query = [(key, value) for key, value in urllib.parse.parse_qsl(parts.query) if key != "signature_expiration"]
+    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+
+
+@scenario("sandbox/signed-urls")
+async def _signed_urls(work: str) -> dict[str, Any]:
+    """A secure sandbox's signed file URLs, fetched without its token: good, tampered and expired ones."""
+    sbx = await AsyncSandbox.create(timeout=120, secure=True)
+    try:
+        path = "/home/user/signed.txt"
+        await sbx.files.write(path, "signed content")
+        async with httpx.AsyncClient(timeout=10) as http:
+
+            async def get(url: str) -> list[Any]:
+                response = await http.get(url)
+                return [response.status_code, response.text if response.status_code == 200 else None]
+
+            async def post(url: str, content: bytes) -> int:
+                return (await http.post(url, files={"file": ("f.txt", content)})).status_code
+
+            download = sbx.download_url(path)
+            expiring = sbx.download_url(path, use_signature_expiration=120)
+            upload = sbx.upload_url("/home/user/up.txt")
+            upload_expiring = sbx.upload_url("/home/user/up-expiring.txt", use_signature_expiration=120)
+            result: dict[str, Any] = {
+                "has_signature": "signature=" in download and "signature_expiration=" in expiring,
+                "download": await get(download),
+                "download_tampered": (await get(_tampered(download)))[0],
+                "download_expiring": await get(expiring),
+                "download_expired": (await get(sbx.download_url(path, use_signature_expiration=-30)))[0],
+                "download_expiration_dropped": (await get(_without_expiration(expiring)))[0],
+            }
+            result["upload"] = await post(upload, b"uploaded")
+            tampered = _tampered(sbx.upload_url("/home/user/up-tampered.txt"))
+            result["upload_tampered"] = await post(tampered, b"x")
+            result["upload_expiring"] = await post(upload_expiring, b"uploaded before expiry")
+            late = sbx.upload_url("/home/user/up-late.txt", use_signature_expiration=-30)
+            result["upload_expired"] = await post(late, b"x")
+            result["upload_read_signature"] = await post(sbx.download_url("/home/user/up-read.txt"), b"x")
+        uploaded: dict[str, str | None] = {}
+        for name in ("up.txt", "up-expiring.txt", "up-tampered.txt", "up-late.txt", "up-read.txt"):
+            target = f"/home/user/{name}"
+            uploaded[name] = await sbx.files.read(target) if await sbx.files.exists(target) else None
+        result["uploaded"] = uploaded
+        return result
+    finally:
+        await sbx.kill()
 
 
 def main() -> None:

@@ -9,9 +9,11 @@ scenario makes its own sandboxes, kills them in ``finally`` and prints one JSON 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +22,7 @@ from typing import Any
 
 import httpx
 from e2b import AuthenticationException, NotFoundException, Sandbox, SandboxException, SandboxQuery, SandboxState
+from e2b.sandbox.commands.command_handle import PtySize
 
 SCENARIOS: dict[str, Callable[[str], dict[str, Any]]] = {}
 
@@ -58,6 +61,7 @@ def _create(work: str) -> dict[str, Any]:
             "state": info.state.value,
             "same_id": info.sandbox_id == sbx.sandbox_id,
             "ends_after_start": info.end_at > info.started_at,
+            "lifetime": (info.end_at - info.started_at).total_seconds(),
         }
     finally:
         sbx.kill()
@@ -91,7 +95,10 @@ def _get_host(work: str) -> dict[str, Any]:
 def _list(work: str) -> dict[str, Any]:
     suite = uuid.uuid4().hex[:12]
     made = [Sandbox.create(metadata={"suite": suite, "i": str(i)}, timeout=120) for i in range(3)]
+    decoy = None
     try:
+        # The same owner's sandbox of another suite (sharing "i": "0" with the first): the filter leaves it out.
+        decoy = Sandbox.create(metadata={"suite": f"{suite}-decoy", "i": "0"}, timeout=120)
         paginator = Sandbox.list(query=SandboxQuery(metadata={"suite": suite}), limit=2)
         pages, seen = 0, []
         while paginator.has_next:
@@ -112,6 +119,7 @@ def _list(work: str) -> dict[str, Any]:
         return {
             "suite": suite,
             "made": [s.sandbox_id for s in made],
+            "decoy": decoy.sandbox_id,
             "walks": walks,
             "pages": pages,
             "all_found": sorted(seen) == sorted(s.sandbox_id for s in made),
@@ -122,6 +130,8 @@ def _list(work: str) -> dict[str, Any]:
     finally:
         for sbx in made:
             sbx.kill()
+        if decoy is not None:
+            decoy.kill()
 
 
 @scenario("sandbox/timeout")
@@ -184,16 +194,35 @@ def _pause_filesystem(work: str) -> dict[str, Any]:
         sbx.kill()
 
 
+def _snapshot_pages(paginator: Any) -> list[list[str]]:
+    """A snapshot list's pages, at most five: a cursor the server ignores would page forever."""
+    pages: list[list[str]] = []
+    while paginator.has_next and len(pages) < 5:
+        pages.append([s.snapshot_id for s in paginator.next_items()])
+    return pages
+
+
 @scenario("sandbox/snapshot-restore")
 def _snapshot(work: str) -> dict[str, Any]:
     source = Sandbox.create(timeout=120)
+    other = Sandbox.create(timeout=120)
     restored = None
     snapshot_id = None
+    taken: list[str] = []
     try:
         source.files.write("/home/user/snap.txt", "snapshot content")
         snapshot = source.create_snapshot()
         snapshot_id = snapshot.snapshot_id
-        listed = [s.snapshot_id for s in Sandbox.list_snapshots(sandbox_id=source.sandbox_id).next_items()]
+        taken.append(snapshot_id)
+        name = f"named-{uuid.uuid4().hex[:12]}"
+        named = source.create_snapshot(name=name)
+        taken.append(named.snapshot_id)
+        theirs = other.create_snapshot()  # another sandbox's: the sandbox filter leaves it out
+        taken.append(theirs.snapshot_id)
+        listed_items = Sandbox.list_snapshots(sandbox_id=source.sandbox_id).next_items()
+        listed = [s.snapshot_id for s in listed_items]
+        listed_other = [s.snapshot_id for s in Sandbox.list_snapshots(sandbox_id=other.sandbox_id).next_items()]
+        pages = _snapshot_pages(Sandbox.list_snapshots(sandbox_id=source.sandbox_id, limit=1))
         source_running = source.is_running()
         source.kill()
         restored = Sandbox.create(snapshot_id, timeout=120)
@@ -213,11 +242,31 @@ def _snapshot(work: str) -> dict[str, Any]:
             "in_use": in_use,
             "deleted": Sandbox.delete_snapshot(snapshot_id),
             "deleted_again": Sandbox.delete_snapshot(snapshot_id),
+            "name": name,
+            "named_names": named.names,
+            "listed_names": {s.snapshot_id: s.names for s in listed_items},
+            "source_snapshots": [snapshot_id, named.snapshot_id],
+            "other_snapshot": theirs.snapshot_id,
+            "listed_source": listed,
+            "listed_other": listed_other,
+            "pages": pages,
         }
     finally:
         source.kill()
+        other.kill()
         if restored is not None:
             restored.kill()
+        for taken_id in taken[1:]:
+            Sandbox.delete_snapshot(taken_id)
+
+
+def _metrics_window(stamps: list[float]) -> list[int] | None:
+    """Whole seconds around a sample between two others, which the window leaves out (None: no such sample yet)."""
+    for before, sample, after in zip(stamps, stamps[1:], stamps[2:], strict=False):
+        start, end = math.floor(sample), math.ceil(sample)
+        if before < start and after > end:
+            return [start, end]
+    return None
 
 
 @scenario("sandbox/metrics")
@@ -230,16 +279,28 @@ def _metrics(work: str) -> dict[str, Any]:
         def sampled() -> bool:
             nonlocal metrics
             metrics = sbx.get_metrics()
-            return len(metrics) >= 2  # the server samples every second in these tests
+            return _metrics_window([m.timestamp.timestamp() for m in metrics]) is not None
 
-        wait_until(sampled, 15)
+        wait_until(sampled, 40)
         first = metrics[0] if metrics else None
+        series = [m.timestamp.timestamp() for m in metrics]
+        window = _metrics_window(series) or [0, 0]  # a window that leaves out the first and last samples
+        start, end = (datetime.fromtimestamp(t, UTC) for t in window)
+        windowed = [m.timestamp.timestamp() for m in sbx.get_metrics(start=start, end=end)]
+        started = sbx.get_info().started_at.timestamp()
+        before = sbx.get_metrics(
+            start=datetime.fromtimestamp(int(started) - 3600, UTC), end=datetime.fromtimestamp(int(started) - 1800, UTC)
+        )
         return {
             "count": len(metrics),
             "cpu_count": first.cpu_count if first else None,
             "mem_total": first.mem_total if first else None,
             "mem_used_positive": bool(first and first.mem_used > 0),
             "has_timestamp": bool(first and first.timestamp),
+            "series": series,
+            "window": window,
+            "windowed": windowed,
+            "before_start": len(before),
         }
     finally:
         sbx.kill()
@@ -501,6 +562,61 @@ def _raised(call: Callable[[], Any]) -> str | None:
     return None
 
 
+def _envelope(message: dict[str, Any]) -> bytes:
+    """One Connect streaming envelope: flags 0, the length, the JSON message."""
+    payload = json.dumps(message).encode()
+    return bytes([0]) + len(payload).to_bytes(4, "big") + payload
+
+
+def _rpc_without_token(target: Sandbox, pid: int, sleeper: int, terminal: int) -> dict[str, int]:
+    """The status of each process and watch RPC sent to the sandbox's envd without its token."""
+    base = f"https://{target.get_host(49983)}"
+    unary = {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
+    stream = {"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"}
+    # Each is aimed at a live process or folder, so that a request let through would act.
+    calls: dict[str, dict[str, Any]] = {
+        "process.Process/SendInput": {"process": {"pid": pid}, "input": {"stdin": "eAo="}},
+        "process.Process/CloseStdin": {"process": {"pid": pid}},
+        "process.Process/SendSignal": {"process": {"pid": sleeper}, "signal": "SIGNAL_SIGKILL"},
+        "process.Process/Update": {"process": {"pid": terminal}, "pty": {"size": {"cols": 90, "rows": 20}}},
+        "filesystem.Filesystem/CreateWatcher": {"path": "/home/user/watched"},
+        "filesystem.Filesystem/GetWatcherEvents": {"watcherId": "no-such-watcher"},
+        "filesystem.Filesystem/RemoveWatcher": {"watcherId": "no-such-watcher"},
+    }
+    streams: dict[str, dict[str, Any]] = {
+        "process.Process/Connect": {"process": {"pid": pid}},
+        "filesystem.Filesystem/WatchDir": {"path": "/home/user/watched"},
+    }
+    statuses = {}
+    with httpx.Client(timeout=10) as http:
+        for route, body in calls.items():
+            statuses[route.rpartition("/")[2]] = http.post(f"{base}/{route}", json=body, headers=unary).status_code
+        for route, body in streams.items():
+            with http.stream("POST", f"{base}/{route}", content=_envelope(body), headers=stream) as response:
+                statuses[route.rpartition("/")[2]] = response.status_code
+    return statuses
+
+
+def _rpc_with_token(sbx: Sandbox, cat: Any, sleeper: Any, terminal: Any) -> dict[str, Any]:
+    """The same calls through the client, which sends the token: each does what it is for."""
+    again = sbx.commands.connect(cat.pid)
+    sbx.commands.send_stdin(cat.pid, "through the token\n")
+    sbx.commands.close_stdin(cat.pid)
+    sbx.pty.resize(terminal.pid, PtySize(cols=100, rows=30))
+    killed = sbx.commands.kill(sleeper.pid)
+    watcher = sbx.files.watch_dir("/home/user/watched")
+    sbx.files.write("/home/user/watched/w.txt", "w")
+    names: list[str] = []
+
+    def seen() -> bool:
+        names.extend(event.name for event in watcher.get_new_events())
+        return "w.txt" in names
+
+    watched = wait_until(seen, 10)
+    watcher.stop()
+    return {"stdin": again.wait().stdout, "resized": True, "killed": killed, "watched": watched}
+
+
 @scenario("sandbox/users-and-tokens")
 def _users_and_tokens(work: str) -> dict[str, Any]:
     """Who each request acts as (the user option), and the envd token a secure sandbox demands."""
@@ -530,6 +646,12 @@ def _users_and_tokens(work: str) -> dict[str, Any]:
         files.write("/tmp/roots.txt", "root's", user="root")
         owners = sbx.commands.run("stat -c %U /home/user/mine.txt /tmp/roots.txt").stdout.split()
         whoami = [sbx.commands.run("id -un", user="root").stdout, sbx.commands.run("id -un").stdout]
+        cat = sbx.commands.run("cat", background=True, stdin=True)
+        sleeper = sbx.commands.run("sleep 600", background=True)
+        terminal = sbx.pty.create(PtySize(cols=80, rows=24))
+        files.make_dir("/home/user/watched")
+        rpc_without_token = _rpc_without_token(sbx, cat.pid, sleeper.pid, terminal.pid)
+        rpc_with_token = _rpc_with_token(sbx, cat, sleeper, terminal)
 
         def raw(target: Sandbox) -> dict[str, int]:
             base = f"https://{target.get_host(49983)}"
@@ -552,10 +674,73 @@ def _users_and_tokens(work: str) -> dict[str, Any]:
             "whoami": whoami,
             "secure_without_token": raw(sbx),
             "public_without_token": raw(public),
+            "rpc_without_token": rpc_without_token,
+            "rpc_with_token": rpc_with_token,
         }
     finally:
         sbx.kill()
         public.kill()
+
+
+def _tampered(url: str) -> str:
+    """The URL with the last character of its signature changed."""
+    parts = urllib.parse.urlsplit(url)
+    query = [
+        (key, value[:-1] + ("B" if value.endswith("A") else "A") if key == "signature" else value)
+        for key, value in urllib.parse.parse_qsl(parts.query)
+    ]
+    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+
+
+def _without_expiration(url: str) -> str:
+    """The URL without its signature_expiration (the signature still covers it)."""
+    parts = urllib.parse.urlsplit(url)
+    query = [(key, value) for key, value in urllib.parse.parse_qsl(parts.query) if key != "signature_expiration"]
+    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+
+
+@scenario("sandbox/signed-urls")
+def _signed_urls(work: str) -> dict[str, Any]:
+    """A secure sandbox's signed file URLs, fetched without its token: good, tampered and expired ones."""
+    sbx = Sandbox.create(timeout=120, secure=True)
+    try:
+        path = "/home/user/signed.txt"
+        sbx.files.write(path, "signed content")
+
+        def get(url: str) -> list[Any]:
+            response = httpx.get(url, timeout=10)
+            return [response.status_code, response.text if response.status_code == 200 else None]
+
+        def post(url: str, content: bytes) -> int:
+            return httpx.post(url, files={"file": ("f.txt", content)}, timeout=10).status_code
+
+        def read(target: str) -> str | None:
+            return sbx.files.read(target) if sbx.files.exists(target) else None
+
+        download = sbx.download_url(path)
+        expiring = sbx.download_url(path, use_signature_expiration=120)
+        upload = sbx.upload_url("/home/user/up.txt")
+        upload_expiring = sbx.upload_url("/home/user/up-expiring.txt", use_signature_expiration=120)
+        result: dict[str, Any] = {
+            "has_signature": "signature=" in download and "signature_expiration=" in expiring,
+            "download": get(download),
+            "download_tampered": get(_tampered(download))[0],
+            "download_expiring": get(expiring),
+            "download_expired": get(sbx.download_url(path, use_signature_expiration=-30))[0],
+            "download_expiration_dropped": get(_without_expiration(expiring))[0],
+        }
+        result["upload"] = post(upload, b"uploaded")
+        result["upload_tampered"] = post(_tampered(sbx.upload_url("/home/user/up-tampered.txt")), b"x")
+        result["upload_expiring"] = post(upload_expiring, b"uploaded before expiry")
+        result["upload_expired"] = post(sbx.upload_url("/home/user/up-late.txt", use_signature_expiration=-30), b"x")
+        result["upload_read_signature"] = post(sbx.download_url("/home/user/up-read.txt"), b"x")
+        result["uploaded"] = {
+            name: read(f"/home/user/{name}")
+            for name in ("up.txt", "up-expiring.txt", "up-tampered.txt", "up-late.txt", "up-read.txt")
+        }
+        return result
+    finally:
+        sbx.kill()
 
 
 def main() -> None:

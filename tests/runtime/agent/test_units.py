@@ -15,7 +15,7 @@ import pytest
 from runtime.agent._credentials import run_as
 from runtime.agent._errors import AgentError, ErrorKind
 from runtime.agent._files import _content_disposition, choose_encoding, parse_metadata, signature
-from runtime.agent._filesystem import permissions, wire_text
+from runtime.agent._filesystem import make_dir, permissions, wire_text
 from runtime.agent._paths import PathError, ensure_parents, resolve
 from runtime.agent._processes import build_env, describe_exit
 from runtime.agent._state import INTERNAL_NAMES, AgentState, UserError, basic_user, internal_env
@@ -51,6 +51,14 @@ def test_ensure_parents(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(NotADirectoryError, match="path is a file"):
         ensure_parents(str(tmp_path / "file" / "x" / "y"))
+
+
+def test_make_dir_below_a_file_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(AgentError) as raised:
+        make_dir(str(tmp_path / "file" / "sub"), UserDatabase())
+    assert raised.value.kind is ErrorKind.INTERNAL
+    assert str(raised.value) == f"path is a file: {tmp_path / 'file'}"
 
 
 @pytest.mark.parametrize(
