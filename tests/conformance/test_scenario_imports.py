@@ -34,17 +34,22 @@ _DYNAMIC_IMPORT = re.compile(r"""\bimport\s*\(\s*(['"`])([^'"`]+)\1\s*\)""")
 _STATIC_IMPORT = re.compile(r"""^\s*(?:import|export)\s+(?:[\w*{}\s,$]+?\s+from\s+)?(['"])([^'"]+)\1""", re.M)
 
 
+# Programs the scenarios upload into a sandbox, run there by its own python3: not client scripts.
+IN_SANDBOX = "in_sandbox"
+
+
 def _scripts(suffixes: tuple[str, ...]) -> list[Path]:
     found = [
         path
         for folder in SCENARIO_DIRS
         for path in (REPO / folder).rglob("*")
-        if path.suffix in suffixes and path.is_file() and "__pycache__" not in path.parts
+        if path.suffix in suffixes and path.is_file() and not {"__pycache__", IN_SANDBOX} & set(path.parts)
     ]
     return sorted(found)
 
 
 PY_SCRIPTS = _scripts(PY_SUFFIXES)
+SANDBOX_PROGRAMS = sorted((REPO / "conformance" / "scenarios" / IN_SANDBOX).glob("*.py"))
 JS_SCRIPTS = _scripts(JS_SUFFIXES)
 
 
@@ -118,6 +123,14 @@ def test_python_scenario_imports_only_stdlib_and_clients(script: Path) -> None:
     assert "e2b" in modules or "e2b_code_interpreter" in modules, "a scenario drives an official client"
     foreign = sorted(modules - PY_ALLOWED - set(sys.stdlib_module_names))
     assert foreign == [], f"{_id(script)} imports {foreign}"
+
+
+@pytest.mark.parametrize("program", SANDBOX_PROGRAMS, ids=_id)
+def test_programs_run_inside_a_sandbox_import_only_the_stdlib(program: Path) -> None:
+    statements, unchecked = _python_imports(program)
+    assert unchecked == []
+    foreign = sorted(_top_level_modules(statements) - set(sys.stdlib_module_names) - {"__future__"})
+    assert foreign == [], f"{_id(program)} imports {foreign}: a template's python3 has only its stdlib"
 
 
 @pytest.mark.parametrize("script", JS_SCRIPTS, ids=_id)

@@ -30,24 +30,12 @@ function notFoundName(err) {
   throw err
 }
 
-// A server on port 8001 that answers with the headers it received, one "name: value" per line.
-const HEADER_ECHO = `import http.server
-
-
-class Echo(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = "\\n".join(f"{k.lower()}: {v}" for k, v in self.headers.items()).encode()
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-http.server.ThreadingHTTPServer(("0.0.0.0", 8001), Echo).serve_forever()
-`
+// A server on port 8001 that answers with the headers it received, one "name: value" per line;
+// scripts run where they are, so the file is read from beside this one.
+const HEADER_ECHO = require('node:fs').readFileSync(
+  require('node:path').join(__dirname, '..', 'in_sandbox', 'header_echo.py'),
+  'utf8',
+)
 
 // Whole seconds around a sample between two others, which the window leaves out (null: no such sample yet).
 function metricsWindow(stamps) {

@@ -19,6 +19,7 @@ import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -413,24 +414,9 @@ async def run(name: str, work: str) -> dict[str, Any]:
     return await SCENARIOS[name](work)
 
 
-# A server on port 8001 that answers with the headers it received, one "name: value" per line.
-HEADER_ECHO = """import http.server
-
-
-class Echo(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = "\\n".join(f"{k.lower()}: {v}" for k, v in self.headers.items()).encode()
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-http.server.ThreadingHTTPServer(("0.0.0.0", 8001), Echo).serve_forever()
-"""
+# A server on port 8001 that answers with the headers it received, one "name: value" per line;
+# scripts run where they are, so the file is read from beside this one.
+HEADER_ECHO = (Path(__file__).resolve().parents[1] / "in_sandbox" / "header_echo.py").read_text("utf-8")
 
 
 def _network_view(info: Any) -> dict[str, Any]:
