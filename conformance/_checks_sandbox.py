@@ -260,8 +260,13 @@ def sandbox_users_and_tokens(r: dict[str, Any], work: str) -> None:
         "rename": "/root/made/g.txt",
         "removed": True,
     }, f"as root: {r['as_root']}"
-    refused = {name: error for name, error in r["as_user"].items() if error is None}
-    assert not refused, f"the default user was allowed into /root: {sorted(refused)}"
+    # Whether the default user may work in root's home is the endpoint's policy, not the contract's:
+    # upstream envd does all file work as root (the user picks the home and the owner), this
+    # server as the user (docs/ARCHITECTURE.md). Either holds for every call, never a mix.
+    allowed = sorted(name for name, error in r["as_user"].items() if error is None)
+    assert allowed in ([], sorted(r["as_user"])), (
+        f"as the default user in /root, these worked and the others were refused: {allowed} ({r['as_user']})"
+    )
     assert r["owners"] == ["user", "root"], f"files written as the default user and as root are owned by {r['owners']}"
     assert r["whoami"] == ["root\n", "user\n"]
     assert r["secure_without_token"] == dict.fromkeys(("download", "upload", "list", "stat"), 401), (

@@ -651,8 +651,8 @@ const scenarios = {
         write: await raised(() => files.write('/root/made/h.txt', 'x')),
         read: await raised(() => files.read('/root/made/g.txt')),
         list: await raised(() => files.list('/root/made')),
-        rename: await raised(() => files.rename('/root/made/g.txt', '/home/user/g.txt')),
-        remove: await raised(() => files.remove('/root/made/g.txt')),
+        rename: await raised(() => files.rename('/root/made/h.txt', '/root/made/h2.txt')),
+        remove: await raised(() => files.remove('/root/made/h2.txt')),
       }
       await files.remove('/root/made/g.txt', root)
       asRoot.removed = !(await files.exists('/root/made/g.txt', root))

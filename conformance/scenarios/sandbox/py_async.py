@@ -656,8 +656,8 @@ async def _users_and_tokens(work: str) -> dict[str, Any]:
             "write": await _raised(files.write("/root/made/h.txt", "x")),
             "read": await _raised(files.read("/root/made/g.txt")),
             "list": await _raised(files.list("/root/made")),
-            "rename": await _raised(files.rename("/root/made/g.txt", "/home/user/g.txt")),
-            "remove": await _raised(files.remove("/root/made/g.txt")),
+            "rename": await _raised(files.rename("/root/made/h.txt", "/root/made/h2.txt")),
+            "remove": await _raised(files.remove("/root/made/h2.txt")),
         }
         await files.remove("/root/made/g.txt", user="root")
         as_root["removed"] = not await files.exists("/root/made/g.txt", user="root")

@@ -623,8 +623,8 @@ def _users_and_tokens(work: str) -> dict[str, Any]:
             "write": _raised(lambda: files.write("/root/made/h.txt", "x")),
             "read": _raised(lambda: files.read("/root/made/g.txt")),
             "list": _raised(lambda: files.list("/root/made")),
-            "rename": _raised(lambda: files.rename("/root/made/g.txt", "/home/user/g.txt")),
-            "remove": _raised(lambda: files.remove("/root/made/g.txt")),
+            "rename": _raised(lambda: files.rename("/root/made/h.txt", "/root/made/h2.txt")),
+            "remove": _raised(lambda: files.remove("/root/made/h2.txt")),
         }
         files.remove("/root/made/g.txt", user="root")
         as_root["removed"] = not files.exists("/root/made/g.txt", user="root")
