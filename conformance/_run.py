@@ -10,7 +10,8 @@ Order of a run:
    (``_wire``); the features the target declares unsupported (``features.json``), each probed
    for the upstream-equivalent answer.
 4. Known failures applied, coverage against the contract inventory, the gate, the report
-   (JSON, JUnit, Markdown) signed with Ed25519; a summary table; exit status 1 when the gate fails.
+   (JSON, JUnit, Markdown) signed with Ed25519; a summary table; exit status 1 when the gate fails
+   or any case fails, gated or not.
 """
 
 from __future__ import annotations
@@ -286,7 +287,20 @@ def main_run(options: RunOptions) -> int:
         reports_root=options.reports_root,
     )
     _summary(console, run, gate.passed, files)
-    return 0 if gate.passed else 1
+    failed = failed_cases(run)
+    if failed and gate.passed:
+        console.print(f"[red]{len(failed)} case(s) failed outside the gate: the run fails[/red]")
+    return exit_status(run, gate.passed)
+
+
+def failed_cases(run: RunInfo) -> list[CaseResult]:
+    """The results that failed (a known failure is not one)."""
+    return [result for result in run.results if result.outcome is Outcome.FAIL]
+
+
+def exit_status(run: RunInfo, gate_passed: bool) -> int:
+    """1 when the gate failed or any case failed, gated or not; else 0."""
+    return 0 if gate_passed and not failed_cases(run) else 1
 
 
 def endpoint_from_environment(environ: dict[str, str] | None = None) -> dict[str, str] | None:

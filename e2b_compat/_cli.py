@@ -387,7 +387,7 @@ def _add_conformance_group(groups: argparse._SubParsersAction[argparse.ArgumentP
 
     run = actions.add_parser(
         "run",
-        help="run every suite against an endpoint and write a signed report; exit 1 when the gate fails",
+        help="run every suite against an endpoint and write a signed report; exit 1 when the gate or a case fails",
         description="Without endpoint options it starts the reference server on its embedded defaults (root). "
         "Reports go to reports/<time>-<backend>-<template>/ (docs/REPORT.md).",
     )
