@@ -34,6 +34,7 @@ from ._model import CaseResult, Outcome
 __all__ = [
     "FIELD_NOTES_PATH",
     "FLAVOUR_ORDER",
+    "SEVERITY",
     "Cell",
     "CellOutcome",
     "Coverage",
@@ -73,7 +74,7 @@ class CellOutcome(enum.Enum):
 
 # Worst first. A cell takes the worst outcome among its cases: one failing case makes the operation
 # red, and a skipped case means the operation was not fully shown to work, however the others went.
-_SEVERITY = (Outcome.FAIL, Outcome.KNOWN_FAIL, Outcome.SKIP, Outcome.UNSUPPORTED, Outcome.FIXED, Outcome.PASS)
+SEVERITY = (Outcome.FAIL, Outcome.KNOWN_FAIL, Outcome.SKIP, Outcome.UNSUPPORTED, Outcome.FIXED, Outcome.PASS)
 
 
 @dataclass(frozen=True)
@@ -223,7 +224,7 @@ def ordered_flavours(flavours: Iterable[str]) -> tuple[str, ...]:
 
 
 def _worst(covering: list[CaseResult]) -> tuple[Outcome, list[CaseResult]]:
-    worst = min((r.outcome for r in covering), key=_SEVERITY.index)
+    worst = min((r.outcome for r in covering), key=SEVERITY.index)
     return worst, sorted((r for r in covering if r.outcome is worst), key=lambda r: r.case)
 
 

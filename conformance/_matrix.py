@@ -17,6 +17,7 @@ An unsigned report is merged and shown as such.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from typing import Any
 
 import jsonschema
 
+from ._coverage import SEVERITY
 from ._report import REPORT_JSON, REPORT_SCHEMA_PATH
 from ._signing import signature_paths, verify
 
@@ -67,6 +69,11 @@ class MergedReport:
         return (self.backend, self.templates, self.clients)
 
 
+@functools.cache
+def _report_validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(json.loads(REPORT_SCHEMA_PATH.read_text(encoding="utf-8")))
+
+
 def load_report(path: Path, *, trusted_fingerprint: str | None = None) -> MergedReport:
     """Read a report folder (or its report.json), validate it and check its signature if it has one."""
     report = path / REPORT_JSON if path.is_dir() else path
@@ -74,8 +81,7 @@ def load_report(path: Path, *, trusted_fingerprint: str | None = None) -> Merged
         document = json.loads(report.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise MatrixError(f"{report}: not a readable JSON report ({exc})") from None
-    schema = json.loads(REPORT_SCHEMA_PATH.read_text(encoding="utf-8"))
-    problem = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(document))
+    problem = jsonschema.exceptions.best_match(_report_validator().iter_errors(document))
     if problem is not None:
         where = "/".join(str(part) for part in problem.absolute_path) or "(top)"
         raise MatrixError(f"{report}: not a conformance report ({where}: {problem.message})")
@@ -117,7 +123,7 @@ def _flavour_row(summary: dict[str, Any]) -> dict[str, Any]:
 
 def _outcomes(report: MergedReport) -> dict[tuple[str, str], str]:
     """(case, flavour) → the worst outcome of that case's results (several client versions)."""
-    order = ("fail", "known-fail", "skip", "unsupported", "fixed", "pass")
+    order = [outcome.value for outcome in SEVERITY]
     found: dict[tuple[str, str], str] = {}
     for result in report.document["results"]:
         key = (result["case"], result["client"]["flavour"])

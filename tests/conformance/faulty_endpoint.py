@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Self, cast
+from typing import TYPE_CHECKING, Any, Self, cast
 
 import h11
 from google.protobuf.message import DecodeError
@@ -734,26 +734,27 @@ class _EnvelopeDropper:
         return rest
 
 
-def _is_data_event(flags: int, payload: bytes) -> bool:
-    """True for a message envelope whose JSON is ``{"event": {"data": ...}}`` (a stdout or stderr chunk)."""
+def _json_message(flags: int, payload: bytes) -> dict[str, Any] | None:
+    """A message envelope's JSON object; None for the end of the stream, compressed or other payloads."""
     if flags & (_FLAG_COMPRESSED | _FLAG_END_STREAM):
-        return False
+        return None
     try:
         message = json.loads(payload)
     except ValueError:
-        return False
-    return isinstance(message, dict) and isinstance(event := message.get("event"), dict) and "data" in event
+        return None
+    return message if isinstance(message, dict) else None
+
+
+def _is_data_event(flags: int, payload: bytes) -> bool:
+    """True for a message envelope whose JSON is ``{"event": {"data": ...}}`` (a stdout or stderr chunk)."""
+    message = _json_message(flags, payload) or {}
+    return isinstance(event := message.get("event"), dict) and "data" in event
 
 
 def _is_watch_event_json(flags: int, payload: bytes) -> bool:
     """True for a WatchDir message envelope whose JSON is ``{"filesystem": ...}`` (not start or keepalive)."""
-    if flags & (_FLAG_COMPRESSED | _FLAG_END_STREAM):
-        return False
-    try:
-        message = json.loads(payload)
-    except ValueError:
-        return False
-    return isinstance(message, dict) and isinstance(message.get("filesystem"), dict)
+    message = _json_message(flags, payload) or {}
+    return isinstance(message.get("filesystem"), dict)
 
 
 def _is_watch_event_proto(flags: int, payload: bytes) -> bool:
