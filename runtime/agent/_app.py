@@ -27,12 +27,13 @@ from contract.protocol import ACCESS_TOKEN_HEADER, CONNECT_PROTOCOL_VERSION_HEAD
 from . import _files, _http
 from ._errors import AgentError, ConnectErrors, ErrorKind, HttpBody, http_response
 from ._filesystem_service import FilesystemService
+from ._limits import MAX_MESSAGE_BYTES, BoundedGzip
 from ._metrics import MetricsCollector
 from ._process_service import ProcessService
 from ._processes import ProcessTable
 from ._services import ServiceSet
 from ._state import AgentState, UserError, basic_user
-from ._validation import RequestValidation, input_types
+from ._validation import RequestValidation, client_streaming, input_types
 
 _EXEMPT = frozenset({("GET", "/health"), ("GET", "/files"), ("POST", "/files"), ("POST", "/init")})
 _RPC_PREFIXES = ("/process.Process/", "/filesystem.Filesystem/")
@@ -104,12 +105,19 @@ def create_app(
     routes.state.agent = state
     routes.state.metrics = metrics or MetricsCollector()
     types = input_types(process_pb2.DESCRIPTOR, filesystem_pb2.DESCRIPTOR)
-    interceptors = (ConnectErrors(),)
+    streams = client_streaming(process_pb2.DESCRIPTOR, filesystem_pb2.DESCRIPTOR)
+    # Request messages are bounded (_limits): by RequestValidation before connect-python reads
+    # them, and by connect-python itself for each message of a client stream.
+    bounds: dict[str, Any] = {
+        "interceptors": (ConnectErrors(),),
+        "read_max_bytes": MAX_MESSAGE_BYTES,
+        "compressions": (BoundedGzip(),),
+    }
     rpc: dict[str, Any] = {
         _RPC_PREFIXES[0]: RequestValidation(
-            ProcessASGIApplication(ProcessService(state, table), interceptors=interceptors), types
+            ProcessASGIApplication(ProcessService(state, table), **bounds), types, streams
         ),
-        _RPC_PREFIXES[1]: RequestValidation(FilesystemASGIApplication(filesystem, interceptors=interceptors), types),
+        _RPC_PREFIXES[1]: RequestValidation(FilesystemASGIApplication(filesystem, **bounds), types, streams),
     }
     gate = AgentApp(state, routes, rpc)
     return CORSMiddleware(

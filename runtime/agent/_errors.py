@@ -13,8 +13,8 @@ them propagate and the transport renders them:
   the wire for one (``_validation`` writes the same answer itself, ahead of connect-python).
 
 The HTTP statuses of kinds that Connect also knows are Connect's own for their code, so a
-kind means the same on both transports. ``NOT_ACCEPTABLE`` and ``INSUFFICIENT_STORAGE`` are
-answered by ``/files`` only; their Connect codes are the nearest ones.
+kind means the same on both transports. ``NOT_ACCEPTABLE``, ``CONTENT_TOO_LARGE`` and
+``INSUFFICIENT_STORAGE`` are answered by the HTTP routes only; their Connect codes are the nearest ones.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ class ErrorKind(enum.Enum):
     NOT_FOUND = (404, Code.NOT_FOUND)
     NOT_ACCEPTABLE = (406, Code.INVALID_ARGUMENT)  # /files: no acceptable Content-Encoding
     ALREADY_EXISTS = (409, Code.ALREADY_EXISTS)
+    CONTENT_TOO_LARGE = (413, Code.RESOURCE_EXHAUSTED)  # HTTP routes: a body or part over a size limit
+    RESOURCE_EXHAUSTED = (429, Code.RESOURCE_EXHAUSTED)  # a count or queue limit (_limits)
     UNKNOWN = (500, Code.UNKNOWN)
     INTERNAL = (500, Code.INTERNAL)
     UNIMPLEMENTED = (501, Code.UNIMPLEMENTED)

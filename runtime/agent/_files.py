@@ -1,11 +1,14 @@
 """``GET /files`` and ``POST /files`` (docs/PROTOCOL-NOTES.md, envd HTTP routes), streamed both ways.
 
 Bodies never sit in memory whole: uploads are written part by part as they arrive (raw,
-gzip or multipart), downloads are read from the open file in chunks. Files are opened with
-the requesting user's credentials (``run_as``), so the kernel decides what that user may
-read or write; once open, the descriptor is used from the event loop directly. Switching
-credentials synchronously in the loop thread is safe: nothing else runs on that thread
-until the switch is undone. Refusals are ``AgentError``s, answered as envd's JSON error
+gzip or multipart; gzip is inflated in bounded steps, ``_limits.INFLATE_STEP``), downloads
+are read from the open file in chunks, in a worker thread. Files are opened with the
+requesting user's credentials (``run_as``), so the kernel decides what that user may read or
+write. Only regular files are read or written: a FIFO, socket or device (``/dev/zero``) is
+refused with 400 before it is opened, and opens are non-blocking, so a FIFO without a peer
+cannot stall the agent. Downloads open in a worker thread; uploads open in the loop thread
+(the multipart parser's callbacks are synchronous), where switching credentials is safe:
+nothing else runs on that thread until the switch is undone. Refusals are ``AgentError``s, answered as envd's JSON error
 ``{"code": <status>, "message": ...}`` (``_errors.answers_errors``).
 """
 
@@ -38,12 +41,15 @@ from ._errors import AgentError, ErrorKind, HttpBody, answers_errors
 
 if TYPE_CHECKING:  # the callbacks' TypedDict exists for type checkers only
     from python_multipart.multipart import MultipartCallbacks
+from ._credentials import as_user
 from ._filesystem import METADATA_PREFIX, read_metadata
+from ._limits import INFLATE_STEP, MAX_UPLOAD_PARTS
 from ._paths import ensure_parents, resolve
 from ._state import AgentState
 from ._users import User
 
 CHUNK = 64 * 1024
+READ_CHUNK = 1024 * 1024  # per worker-thread read of a download: few thread hops per file
 _METADATA_HEADER = "x-metadata-"
 _MAX_KEY = 246
 _MAX_METADATA = 4096
@@ -140,19 +146,36 @@ def _content_disposition(filename: str) -> str:
     return "inline; filename*=utf-8''" + urllib.parse.quote(filename, safe="")
 
 
-async def _read_chunks(fd: int) -> AsyncIterator[bytes]:
+class NotRegularError(OSError):
+    """The path is a FIFO, socket or device: reading or writing it could block or never end."""
+
+
+async def _read_chunks(fd: int, first: bytes, size: int | None) -> AsyncIterator[bytes]:
+    """``first`` (read when the file was opened), then the rest, up to ``size`` bytes when given.
+
+    Reads run in a worker thread: a file on a slow or hung filesystem must not stall the loop.
+    A file that grows meanwhile is sent as long as it was (the Content-Length already says so).
+    """
     try:
-        while chunk := os.read(fd, CHUNK):
+        left = None if size is None else size - len(first)
+        chunk = first
+        while chunk:
             yield chunk
+            if left is not None and left <= 0:
+                return
+            want = READ_CHUNK if left is None else min(READ_CHUNK, left)
+            chunk = await asyncio.to_thread(os.read, fd, want)
+            if left is not None:
+                left -= len(chunk)
     finally:
         os.close(fd)
 
 
-async def _gzip_chunks(fd: int) -> AsyncIterator[bytes]:
+async def _gzip_chunks(fd: int, first: bytes) -> AsyncIterator[bytes]:
     # Level 1: most of the size gain for text at a fraction of the time. Deflate runs in a
     # worker thread because incompressible data costs ~35 ms per MiB and would stall the loop.
     compressor = zlib.compressobj(1, zlib.DEFLATED, 31)
-    async for chunk in _read_chunks(fd):
+    async for chunk in _read_chunks(fd, first, None):
         if out := await asyncio.to_thread(compressor.compress, chunk):
             yield out
     yield compressor.flush()
@@ -164,19 +187,34 @@ async def download(request: Request) -> Response:
     check_signature(state, request, "read")
     user, path = _user_and_path(state, request)
 
-    def open_for_reading() -> tuple[int, os.stat_result]:
+    def open_for_reading() -> tuple[int, os.stat_result, bytes]:
         info = os.stat(path)
         if stat.S_ISDIR(info.st_mode):
             raise IsADirectoryError(path)
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        return fd, os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotRegularError(path)
+        # Non-blocking: the path may have become a FIFO since the stat.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            raise NotRegularError(path)
+        os.set_blocking(fd, True)
+        try:
+            first = os.read(fd, READ_CHUNK)  # in the same thread hop: small files need no other
+        except OSError:
+            os.close(fd)
+            raise
+        return fd, info, first
 
     try:
-        fd, info = run_as(user, open_for_reading)
+        fd, info, first = await as_user(user, open_for_reading)
     except FileNotFoundError:
         raise AgentError(ErrorKind.NOT_FOUND, f"path '{path}' does not exist") from None
     except IsADirectoryError:
         raise AgentError(ErrorKind.INVALID_ARGUMENT, f"path '{path}' is a directory") from None
+    except NotRegularError:
+        raise AgentError(ErrorKind.INVALID_ARGUMENT, f"path '{path}' is not a regular file") from None
     except PermissionError as exc:
         raise AgentError(ErrorKind.PERMISSION_DENIED, f"error opening file '{path}': {exc.strerror}") from None
     except OSError as exc:
@@ -195,10 +233,10 @@ async def download(request: Request) -> Response:
     headers = {"Content-Disposition": _content_disposition(os.path.basename(path)), "Vary": "Accept-Encoding"}
     if encoding == "gzip":
         headers["Content-Encoding"] = "gzip"
-        return StreamingResponse(_gzip_chunks(fd), 200, headers=headers, media_type=media_type)
+        return StreamingResponse(_gzip_chunks(fd, first), 200, headers=headers, media_type=media_type)
     headers["Content-Length"] = str(info.st_size)
     headers["Last-Modified"] = formatdate(info.st_mtime, usegmt=True)
-    return StreamingResponse(_read_chunks(fd), 200, headers=headers, media_type=media_type)
+    return StreamingResponse(_read_chunks(fd, first, info.st_size), 200, headers=headers, media_type=media_type)
 
 
 # -- upload -------------------------------------------------------------------------
@@ -242,16 +280,34 @@ class FileSink:
         def open_for_writing() -> int:
             ensure_parents(path)
             try:
-                if stat.S_ISDIR(os.stat(path).st_mode):
-                    raise IsADirectoryError(path)
+                mode = os.stat(path).st_mode
             except FileNotFoundError:
                 pass
-            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+            else:
+                if stat.S_ISDIR(mode):
+                    raise IsADirectoryError(path)
+                if not stat.S_ISREG(mode):
+                    raise NotRegularError(path)
+            # Non-blocking open: a FIFO that appeared since the stat must not block the loop.
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NONBLOCK
+            try:
+                fd = os.open(path, flags, 0o666)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # a FIFO without a reader
+                    raise NotRegularError(path) from None
+                raise
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise NotRegularError(path)
+            os.set_blocking(fd, True)
+            return fd
 
         try:
             self.fd: int | None = run_as(user, open_for_writing)
         except IsADirectoryError:
             raise AgentError(ErrorKind.INVALID_ARGUMENT, f"path is a directory: {path}") from None
+        except NotRegularError:
+            raise AgentError(ErrorKind.INVALID_ARGUMENT, f"path is not a regular file: {path}") from None
         except NotADirectoryError as exc:
             raise AgentError(ErrorKind.INTERNAL, f"error ensuring directories: {exc}") from None
         except PermissionError as exc:
@@ -323,14 +379,19 @@ async def _body(request: Request) -> AsyncIterator[bytes]:
     decompressor = zlib.decompressobj(31)
     first = True
     async for chunk in request.stream():
-        try:
-            out = decompressor.decompress(chunk)
-        except zlib.error as exc:
-            kind = ErrorKind.INVALID_ARGUMENT if first else ErrorKind.INTERNAL
-            raise AgentError(kind, f"error decompressing request body: {exc}") from None
-        first = False
-        if out:
-            yield out
+        data = chunk
+        while True:  # bounded steps: one small chunk of a gzip bomb inflates ~1000 times
+            try:
+                out = decompressor.decompress(data, INFLATE_STEP)
+            except zlib.error as exc:
+                kind = ErrorKind.INVALID_ARGUMENT if first else ErrorKind.INTERNAL
+                raise AgentError(kind, f"error decompressing request body: {exc}") from None
+            first = False
+            data = decompressor.unconsumed_tail
+            if out:
+                yield out
+            if not data and len(out) < INFLATE_STEP:
+                break
     if not decompressor.eof:
         raise AgentError(ErrorKind.INTERNAL, "error writing file: unexpected EOF in gzip stream")
 
@@ -346,6 +407,7 @@ class _MultipartUpload:
         self.results: list[dict[str, Any]] = []
         self.sink: FileSink | None = None
         self.seen: set[str] = set()
+        self.parts = 0
         self._headers: dict[bytes, bytes] = {}
         self._field = b""
         self._value = b""
@@ -365,6 +427,11 @@ class _MultipartUpload:
         setattr(self, attr, getattr(self, attr) + data)
 
     def _part_begin(self) -> None:
+        self.parts += 1
+        if self.parts > MAX_UPLOAD_PARTS:
+            raise AgentError(
+                ErrorKind.CONTENT_TOO_LARGE, f"error parsing multipart form: more than {MAX_UPLOAD_PARTS} parts"
+            )
         self._headers = {}
         self.sink = None
 

@@ -11,13 +11,14 @@ import errno
 import os
 import shutil
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from contract.generated.filesystem import filesystem_pb2 as pb
 
 from ._errors import AgentError, ErrorKind
+from ._limits import MAX_LIST_ENTRIES
 from ._paths import ensure_parents
 from ._users import UserDatabase
 
@@ -119,7 +120,11 @@ def stat_entry(path: str, users: UserDatabase) -> pb.EntryInfo:
 
 
 def list_dir(requested: str, resolved: str, depth: int, users: UserDatabase) -> list[pb.EntryInfo]:
-    """Depth-first pre-order, entries sorted by name bytes; symlinks listed, never descended."""
+    """Depth-first pre-order, entries sorted by name bytes; symlinks listed, never descended.
+
+    The walk keeps its own stack, so any depth the request names and any tree depth are fine;
+    an answer of more than ``MAX_LIST_ENTRIES`` entries is ``resource_exhausted``.
+    """
     depth = max(depth, 1)
     try:
         root = os.path.realpath(resolved, strict=True) if os.path.islink(resolved) else resolved
@@ -133,25 +138,38 @@ def list_dir(requested: str, resolved: str, depth: int, users: UserDatabase) -> 
         raise FsError(ErrorKind.NOT_FOUND, f"directory not found: {resolved}") from None
     out: list[pb.EntryInfo] = []
 
-    def walk(real_dir: str, shown_dir: str, level: int) -> None:
+    def names_of(real_dir: str, shown_dir: str) -> Iterator[str]:
         try:
-            names = sorted(os.listdir(real_dir), key=os.fsencode)
+            return iter(sorted(os.listdir(real_dir), key=os.fsencode))
         except OSError as exc:
             raise FsError(ErrorKind.INTERNAL, f"error reading directory {shown_dir}: {exc}") from None
-        if level > depth:
-            return  # the last level's contents are read (errors count) but not reported
-        for name in names:
-            real = os.path.join(real_dir, name)
-            shown = os.path.join(shown_dir, name)
-            try:
-                entry = entry_info(real, users, listed_path=shown)
-            except FileNotFoundError:
-                continue  # vanished during the walk
-            out.append(entry)
-            if stat.S_ISDIR(os.lstat(real).st_mode):
-                walk(real, shown, level + 1)
 
-    walk(root, requested, 1)
+    # (names left, real dir, shown dir, level of its entries)
+    stack: list[tuple[Iterator[str], str, str, int]] = [(names_of(root, requested), root, requested, 1)]
+    while stack:
+        names, real_dir, shown_dir, level = stack[-1]
+        name = next(names, None)
+        if name is None:
+            stack.pop()
+            continue
+        real = os.path.join(real_dir, name)
+        shown = os.path.join(shown_dir, name)
+        try:
+            entry = entry_info(real, users, listed_path=shown)
+            is_dir = stat.S_ISDIR(os.lstat(real).st_mode)
+        except FileNotFoundError:
+            continue  # vanished during the walk
+        if len(out) >= MAX_LIST_ENTRIES:
+            raise FsError(
+                ErrorKind.RESOURCE_EXHAUSTED,
+                f"directory {requested} has more than {MAX_LIST_ENTRIES} entries within depth {depth}: "
+                "list it with a smaller depth",
+            )
+        out.append(entry)
+        if is_dir:
+            children = names_of(real, shown)  # the last level's contents are read (errors count)
+            if level < depth:  # but not reported
+                stack.append((children, real, shown, level + 1))
     return out
 
 

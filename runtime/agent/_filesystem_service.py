@@ -22,7 +22,8 @@ from contract.generated.filesystem import filesystem_pb2 as pb
 from . import _filesystem as fs
 from ._credentials import as_user
 from ._errors import AgentError, ErrorKind
-from ._inotify import DirectoryWatcher, EventKind, WatcherError, WatchEvent
+from ._inotify import OVERFLOW_MESSAGE, DirectoryWatcher, EventKind, WatcherError, WatchEvent
+from ._limits import MAX_POLLED_EVENTS
 from ._paths import resolve
 from ._process_service import DEADLINE_MESSAGE, keepalive_interval
 from ._state import AgentState
@@ -161,11 +162,20 @@ class FilesystemService:
         return pb.CreateWatcherResponse(watcher_id=watcher_id)
 
     async def _collect(self, polling: PollingWatcher, root: str, include_entry: bool, user: User) -> None:
+        """Buffer events until polled; more than ``MAX_POLLED_EVENTS`` unpolled is an overflow.
+
+        envd's list is unbounded; here a watcher nobody polls fails as inotify's own queue
+        does when full: every later poll answers the error, the buffered events are dropped.
+        """
         try:
             async for event in polling.watcher:
+                if len(polling.events) >= MAX_POLLED_EVENTS:
+                    raise WatcherError(OVERFLOW_MESSAGE)
                 polling.events.append(await self._event_message(root, event, include_entry, user))
         except WatcherError as exc:
             polling.error = str(exc)
+            polling.events = []
+            await polling.watcher.close()
 
     def _polling(self, watcher_id: str) -> PollingWatcher:
         polling = self._watchers.get(watcher_id)

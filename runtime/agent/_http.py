@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ._errors import AgentError, ErrorKind, HttpBody, answers_errors
+from ._limits import MAX_INIT_BODY
 from ._metrics import MetricsCollector
 from ._state import INTERNAL_NAMES, AgentState
 
@@ -44,6 +45,18 @@ async def envs(request: Request) -> Response:
 def parse_timestamp(value: str) -> datetime:
     # Python 3.11 parses at most microseconds; envd sends up to nanoseconds.
     return datetime.fromisoformat(_FRACTION.sub(r"\1", value).replace("Z", "+00:00"))
+
+
+async def read_capped(request: Request, limit: int) -> bytes:
+    """The whole body, refused with 413 as soon as it is longer than ``limit`` (never buffered past it)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise AgentError(ErrorKind.CONTENT_TOO_LARGE, f"request body is larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _parse_init(body: bytes) -> dict[str, Any]:
@@ -77,7 +90,7 @@ async def init(request: Request) -> Response:
     """
     state: AgentState = request.app.state.agent
     try:
-        data = _parse_init(await request.body())
+        data = _parse_init(await read_capped(request, MAX_INIT_BODY))
     except ValueError:
         raise AgentError(ErrorKind.INVALID_ARGUMENT, "") from None  # envd answers a bare 400
     async with state.init_lock:

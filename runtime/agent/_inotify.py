@@ -25,11 +25,16 @@ Design and why:
   delivered after the events before it, and from then on every ``__anext__`` raises it again.
 - **Back-pressure like upstream's unbuffered channel**: past ``_MAX_PENDING`` undelivered
   events the fd is no longer read, so a consumer that stops reading ends up with the kernel's
-  queue overflow instead of unbounded memory.
+  queue overflow instead of unbounded memory. A catch-up listing that alone would queue more
+  than ``_HARD_CAP`` events fails the watcher the same way (a tree of millions moved in).
+- **Setting up a recursive watch yields to the loop** every ``WATCH_SLICE`` entries, so other
+  requests are answered while a tree of tens of thousands of directories gets its watches;
+  running out of watches (``max_user_watches``) or instances is a ``WatcherError`` that says so.
 - **Names** are ``str`` exactly as the ``os`` module makes them (filesystem encoding with
   ``surrogateescape``, both for kernel records and for listings): bytes that are not valid
   UTF-8 become lone surrogates and ``os.fsencode(name)`` gives the original bytes back.
-- Catch-up listings run on the loop thread; a huge tree moved in blocks the loop briefly.
+- Catch-up listings of a directory that appears run on the loop thread in one go; a huge tree
+  moved in blocks the loop for as long as its listing takes.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from typing import Final, Protocol
 import inotify_simple
 
 from ._errors import AgentError, ErrorKind
+from ._limits import MAX_POLLED_EVENTS, WATCH_SLICE
 
 _F = inotify_simple.flags
 IN_MODIFY: Final[int] = int(_F.MODIFY)
@@ -68,6 +74,7 @@ _WATCH_MASK: Final[int] = (
     IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_ATTRIB | IN_MODIFY | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF
 ) | int(_F.ONLYDIR)
 _MAX_PENDING: Final = 4096
+_HARD_CAP: Final = 4 * MAX_POLLED_EVENTS  # undelivered events, whatever produced them
 # Errors that mean "this subdirectory cannot be watched (any more)": skipped silently.
 _SKIPPABLE: Final = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.ELOOP})
 # Upstream's text is "watcher error: fsnotify: queue or buffer overflow"; no client parses it.
@@ -131,6 +138,15 @@ def _join(parent: str, name: str) -> str:
     return f"{parent}/{name}" if parent else name
 
 
+def describe_failure(exc: OSError) -> str:
+    """What a failed inotify call means, in words a user can act on."""
+    if exc.errno == errno.ENOSPC:  # inotify_add_watch: the per-user watch limit
+        return "the inotify watch limit is reached (fs.inotify.max_user_watches)"
+    if exc.errno == errno.EMFILE:  # inotify_init: the per-user instance limit
+        return "too many inotify instances (fs.inotify.max_user_instances)"
+    return str(exc.strerror or exc)
+
+
 class DirectoryWatcher:
     """Watches ``root`` (and with ``recursive`` its whole tree); iterate for ``WatchEvent``s."""
 
@@ -159,11 +175,16 @@ class DirectoryWatcher:
             self._inotify = inotify_simple.INotify(nonblocking=True)
             self._add_watch("")
             if self.recursive:
-                for _ in self._walk(""):
-                    pass
+                # Events meanwhile wait in the kernel's queue, read once the watches are in.
+                for count, _ in enumerate(self._walk(""), 1):
+                    if count % WATCH_SLICE == 0:
+                        await asyncio.sleep(0)
         except OSError as exc:
             await self.close()
-            raise WatcherError(f"watcher error: cannot watch {self.root}: {exc.strerror or exc}") from exc
+            raise WatcherError(f"watcher error: cannot watch {self.root}: {describe_failure(exc)}") from exc
+        except BaseException:  # cancelled while setting up: the fd must not leak
+            await self.close()
+            raise
         self._resume_reading()
 
     async def close(self) -> None:
@@ -273,12 +294,12 @@ class DirectoryWatcher:
             records = list(self._inotify.read(timeout=0))
         except OSError as exc:
             records = []
-            self._fail(f"watcher error: {exc.strerror or exc}")
+            self._fail(f"watcher error: {describe_failure(exc)}")
         for record in records:
             try:
                 self._handle(record.wd, record.mask, record.name)
             except OSError as exc:  # e.g. the watch limit reached for a new subdirectory
-                self._fail(f"watcher error: {exc.strerror or exc}")
+                self._fail(f"watcher error: {describe_failure(exc)}")
             if self._broken:
                 break  # terminal: nothing after the error is delivered
         if len(self._pending) >= _MAX_PENDING:
@@ -319,8 +340,15 @@ class DirectoryWatcher:
         if mask & (IN_CREATE | IN_MOVED_TO) and self._add_watch(path):
             for child in self._walk(path):
                 self._emit(EventKind.CREATE, child)
+                if self._broken:
+                    return
 
     def _emit(self, kind: EventKind, name: str) -> None:
+        if self._broken:
+            return
+        if len(self._pending) >= _HARD_CAP:
+            self._fail(OVERFLOW_MESSAGE)
+            return
         self._pending.append(WatchEvent(kind, name))
 
     # --- loop plumbing -------------------------------------------------------------------

@@ -6,14 +6,23 @@ stream). This layer decodes each request message once, with the method's own inp
 before the service sees it, and answers the upstream way when it does not decode. The
 body is then handed on unchanged. The refusal is the one any ``AgentError`` of kind
 ``INVALID_ARGUMENT`` gets (``_errors``), written here because connect-python never sees it.
+
+It also bounds what a request makes the agent hold (``_limits``): a request of a single
+message (every method but the client streams) is refused with ``resource_exhausted`` as soon
+as it is longer than ``MAX_MESSAGE_BYTES``, before the rest is read, and gzip is inflated only
+up to that size. A client stream's envelopes are checked as they arrive: one that announces
+more is refused before it is buffered. connect-python compares sizes only after reading and
+inflating a whole message.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import zlib
+from collections.abc import Iterable
 
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
 from google.protobuf import json_format, message_factory
 from google.protobuf.descriptor import FileDescriptor
 from google.protobuf.message import DecodeError, Message
@@ -33,8 +42,10 @@ from contract.protocol import (
 )
 
 from ._errors import AgentError, ErrorKind, connect_error, connect_error_body
+from ._limits import MAX_MESSAGE_BYTES, MESSAGE_TOO_LARGE, InflateLimitError, inflate
 
-_MAX_BODY = 4 * 1024 * 1024
+# A single-message body: the message and its envelope (streams), nothing more.
+_MAX_BODY = MAX_MESSAGE_BYTES + ENVELOPE_HEADER_SIZE
 
 
 def input_types(*files: FileDescriptor) -> dict[str, type[Message]]:
@@ -45,6 +56,17 @@ def input_types(*files: FileDescriptor) -> dict[str, type[Message]]:
             for method in service.methods:
                 out[f"/{service.full_name}/{method.name}"] = message_factory.GetMessageClass(method.input_type)
     return out
+
+
+def client_streaming(*files: FileDescriptor) -> frozenset[str]:
+    """The paths of the methods whose request is a stream of messages (``StreamInput``)."""
+    return frozenset(
+        f"/{service.full_name}/{method.name}"
+        for file in files
+        for service in file.services_by_name.values()
+        for method in service.methods
+        if method.client_streaming
+    )
 
 
 def _decode(kind: type[Message], data: bytes, is_json: bool) -> str | None:
@@ -59,9 +81,10 @@ def _decode(kind: type[Message], data: bytes, is_json: bool) -> str | None:
 
 
 class RequestValidation:
-    def __init__(self, app: ASGIApp, types: dict[str, type[Message]]) -> None:
+    def __init__(self, app: ASGIApp, types: dict[str, type[Message]], streams: Iterable[str] = ()) -> None:
         self._app = app
         self._types = types
+        self._streams = frozenset(streams)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = self._types.get(scope["path"])
@@ -71,19 +94,64 @@ class RequestValidation:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         content_type = headers.get("content-type", "").split(";")[0].strip().lower()
         streaming = content_type.startswith(CONNECT_STREAM_PREFIX)
-        if content_type.endswith(("json", "proto")):
-            body, more, consumed = await _read(receive)
-            if not more:
+        if scope["path"] in self._streams:
+            await self._app(scope, _bounded_envelopes(receive), send)
+            return
+        body, more, consumed = await _read(receive)
+        if more and consumed[-1]["type"] == "http.request":
+            await _refuse(send, AgentError(ErrorKind.RESOURCE_EXHAUSTED, MESSAGE_TOO_LARGE), streaming)
+            return
+        if not more and content_type.endswith(("json", "proto")):
+            error: AgentError | None = None
+            try:
                 problem = _check(kind, body, content_type.endswith("json"), streaming, headers)
-                if problem is not None:
-                    await _refuse(send, AgentError(ErrorKind.INVALID_ARGUMENT, problem), streaming)
-                    return
-            receive = _replay(consumed, receive)
-        await self._app(scope, receive, send)
+            except InflateLimitError:
+                error = AgentError(ErrorKind.RESOURCE_EXHAUSTED, MESSAGE_TOO_LARGE)
+            else:
+                error = None if problem is None else AgentError(ErrorKind.INVALID_ARGUMENT, problem)
+            if error is not None:
+                await _refuse(send, error, streaming)
+                return
+        await self._app(scope, _replay(consumed, receive), send)
+
+
+def _bounded_envelopes(receive: Receive) -> Receive:
+    """``receive`` that fails with ``resource_exhausted`` once an envelope announces too much.
+
+    Only the headers are looked at (the body passes through as it came), so the check holds
+    however the body is split into chunks. connect-python answers the error on the stream.
+    """
+    header = bytearray()  # of the envelope being read
+    skip = 0  # payload bytes of the current envelope still to pass
+
+    async def bounded() -> AsgiMessage:
+        nonlocal skip
+        message = await receive()
+        if message["type"] != "http.request":
+            return message
+        view = memoryview(message.get("body", b""))
+        while view:
+            if skip:
+                step = min(skip, len(view))
+                skip -= step
+                view = view[step:]
+                continue
+            need = ENVELOPE_HEADER_SIZE - len(header)
+            header.extend(view[:need])
+            view = view[need:]
+            if len(header) < ENVELOPE_HEADER_SIZE:
+                break
+            skip = int.from_bytes(header[1:], "big")
+            header.clear()
+            if skip > MAX_MESSAGE_BYTES:
+                raise ConnectError(Code.RESOURCE_EXHAUSTED, MESSAGE_TOO_LARGE)
+        return message
+
+    return bounded
 
 
 async def _read(receive: Receive) -> tuple[bytes, bool, list[AsgiMessage]]:
-    """Up to ``_MAX_BODY`` of the body; ``more`` is True when it is longer (left to the app)."""
+    """Up to ``_MAX_BODY`` of the body; ``more`` is True when it is longer (or the client left)."""
     consumed: list[AsgiMessage] = []
     chunks: list[bytes] = []
     size = 0
@@ -116,8 +184,8 @@ def _check(kind: type[Message], body: bytes, is_json: bool, streaming: bool, hea
     if not streaming:
         if encoding == "gzip":
             try:
-                body = gzip.decompress(body)
-            except (OSError, EOFError, zlib.error):
+                body = inflate(body, MAX_MESSAGE_BYTES)
+            except (EOFError, zlib.error):
                 return None  # the app reports bad compression itself
         return _decode(kind, body, is_json)
     while body:
@@ -131,8 +199,8 @@ def _check(kind: type[Message], body: bytes, is_json: bool, streaming: bool, hea
         payload = envelope.payload
         if envelope.compressed and encoding == "gzip":
             try:
-                payload = gzip.decompress(payload)
-            except (OSError, EOFError, zlib.error):
+                payload = inflate(payload, MAX_MESSAGE_BYTES)
+            except (EOFError, zlib.error):
                 return None
         if not envelope.end_stream and (problem := _decode(kind, payload, is_json)) is not None:
             return problem

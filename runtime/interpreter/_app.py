@@ -33,15 +33,20 @@ from starlette.types import Receive, Scope, Send
 from contract.protocol import ACCESS_TOKEN_HEADER
 
 from . import _languages, _messages
-from ._contexts import Context, ContextClosedError, Contexts, Settings
+from ._contexts import Context, ContextClosedError, Contexts, Settings, TooManyContextsError
 from ._execution import Run
 from ._kernels import KernelStartError
+from ._limits import MAX_REQUEST_BODY
 
 logger = logging.getLogger(__name__)
 
 
 class BadRequestError(Exception):
     """A body that is not what the route expects (answered 422, as FastAPI upstream does)."""
+
+
+class BodyTooLargeError(Exception):
+    """A body over ``MAX_REQUEST_BODY`` (answered 413, text); the rest of it is not read."""
 
 
 class RunResponse(Response):
@@ -65,13 +70,13 @@ class RunResponse(Response):
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             while True:
-                getter = asyncio.create_task(run.outbox.get())
+                getter = asyncio.create_task(run.next_line())
                 done, _ = await asyncio.wait({getter, gone}, timeout=self._keepalive, return_when="FIRST_COMPLETED")
                 if getter in done:
                     line = getter.result()
                     if line is None:
                         break
-                    await send({"type": "http.response.body", "body": _messages.encode(line), "more_body": True})
+                    await send({"type": "http.response.body", "body": line, "more_body": True})
                     continue
                 getter.cancel()
                 if gone in done:
@@ -99,8 +104,19 @@ def _text(status: int, text: str) -> Response:
     return PlainTextResponse(text, status_code=status)
 
 
+async def _read_body(request: Request) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_REQUEST_BODY:
+            raise BodyTooLargeError(f"Request body is larger than {MAX_REQUEST_BODY} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+    raw = await _read_body(request)
     if not raw.strip():
         return {}
     try:
@@ -165,6 +181,8 @@ class Handlers:
             return _text(500, _languages.unsupported_message(language))
         try:
             context = await self.contexts.create(language, cwd)
+        except TooManyContextsError as exc:
+            return _text(429, str(exc))
         except KernelStartError as exc:
             return _text(500, f"Failed to create context: {exc}")
         return JSONResponse(context.describe())
@@ -218,6 +236,8 @@ class Handlers:
                 context = await self.contexts.default_for("python")
             # Before the 200: a kernel that cannot start is a 500, not a broken stream.
             await context.ensure_started()
+        except TooManyContextsError as exc:  # a first run in a language makes its default context
+            return _text(429, str(exc))
         except KernelStartError as exc:
             return _text(500, f"Failed to start the context's kernel: {exc}")
         except ContextClosedError:
@@ -229,6 +249,10 @@ class Handlers:
 
 async def _bad_request(request: Request, exc: Exception) -> Response:
     return JSONResponse({"detail": str(exc)}, status_code=422)
+
+
+async def _too_large(request: Request, exc: Exception) -> Response:
+    return _text(413, str(exc))
 
 
 def create_app(settings: Settings | None = None) -> Starlette:
@@ -244,6 +268,6 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Route("/execute", handlers.execute, methods=["POST"]),
         ],
         middleware=[Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])],
-        exception_handlers={BadRequestError: _bad_request},
+        exception_handlers={BadRequestError: _bad_request, BodyTooLargeError: _too_large},
         lifespan=handlers.lifespan,
     )

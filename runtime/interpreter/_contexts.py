@@ -32,6 +32,7 @@ from contract.protocol import ACCESS_TOKEN_HEADER, ENVD_PORT
 
 from . import _languages
 from ._kernels import Kernel, KernelSpecs, KernelStartError
+from ._limits import MAX_CONTEXTS
 from ._messages import Tracker
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,13 @@ class Settings:
 
 class ContextClosedError(Exception):
     """The context was removed while a request was using it."""
+
+
+class TooManyContextsError(Exception):
+    """``MAX_CONTEXTS`` contexts exist already: no kernel is started for another one."""
+
+    def __init__(self) -> None:
+        super().__init__(f"Too many contexts: at most {MAX_CONTEXTS} can exist at once; remove one first")
 
 
 class ContextRestartedError(Exception):
@@ -236,6 +244,7 @@ class Contexts:
         self._defaults: dict[str, str] = {}
         self._default_lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
+        self._starting = 0  # contexts whose kernel is starting (counted against MAX_CONTEXTS)
 
     def start_default(self) -> Context:
         """The default python context, listed at once; its kernel starts in the background
@@ -261,9 +270,18 @@ class Contexts:
         return self._contexts.get(context_id)
 
     async def create(self, language: str, cwd: str) -> Context:
-        """A new context with a ready kernel (KernelStartError when it cannot start)."""
+        """A new context with a ready kernel (KernelStartError when it cannot start).
+
+        The slot is taken before the kernel starts, so parallel creates cannot pass the cap.
+        """
+        if len(self._contexts) + self._starting >= MAX_CONTEXTS:
+            raise TooManyContextsError()
         context = Context(self, language, cwd)
-        await context.ensure_started()
+        self._starting += 1
+        try:
+            await context.ensure_started()
+        finally:
+            self._starting -= 1
         self._contexts[context.id] = context
         return context
 

@@ -10,6 +10,10 @@ What ends a run early, and the last lines it writes before ``end_of_execution``:
 
 - the kernel process died: ``UnexpectedEndOfExecution`` (the next run starts a new kernel);
 - the context was restarted: ``ContextRestarting``; removed: ``UnexpectedEndOfExecution``.
+
+The outbox holds encoded lines and is bounded by ``MAX_PENDING_OUTPUT`` bytes (``_limits``):
+output past it is dropped and counted, and a ``stderr`` line reports the loss once there is
+room again (or before the run's last lines).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Final, Literal
 from . import _messages
 from ._contexts import Context, ContextClosedError, ContextRestartedError
 from ._kernels import Event, Kernel, KernelStartError
+from ._limits import MAX_PENDING_OUTPUT
 from ._messages import Line, Tracker
 
 logger = logging.getLogger(__name__)
@@ -36,6 +41,8 @@ REPLY_GRACE_S: Final = 2.0
 # While abandoned and still busy, how often to send the interrupt again (user code that
 # swallowed one KeyboardInterrupt gets another).
 REINTERRUPT_S: Final = 5.0
+# Lines that may be dropped when the client falls behind; the others are small and few.
+_DROPPABLE: Final = frozenset({"stdout", "stderr", "result"})
 
 
 class Run:
@@ -51,12 +58,21 @@ class Run:
         self.code = code
         self.env_vars = dict(env_vars)
         self._access_token = access_token
-        # Lines for the HTTP side; None after the last one. Unbounded like upstream's queue:
-        # a client that reads slower than the kernel writes holds the backlog in memory.
-        self.outbox: asyncio.Queue[Mapping[str, object] | None] = asyncio.Queue()
+        # Encoded lines for the HTTP side (``next_line``); None after the last one. Bounded in
+        # bytes: upstream's queue is not, so a client that stops reading grows it for ever.
+        self.outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._queued = 0  # bytes in the outbox
+        self._dropped = 0  # lines dropped since the last note about it
         self._abandoned = False
         self._events: asyncio.Queue[Event] | None = None
         self._task: asyncio.Task[None] | None = None
+
+    async def next_line(self) -> bytes | None:
+        """The next encoded line for the client; None after the last one."""
+        data = await self.outbox.get()
+        if data is not None:
+            self._queued -= len(data)
+        return data
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._main(), name=f"run-{self.context.id}")
@@ -73,8 +89,22 @@ class Run:
             self._events.put_nowait(("abandoned", {}))  # wakes the run up to interrupt
 
     def _emit(self, line: Mapping[str, object]) -> None:
-        if not self._abandoned:
-            self.outbox.put_nowait(line)
+        if self._abandoned:
+            return
+        data = _messages.encode(line)
+        droppable = line.get("type") in _DROPPABLE
+        if self._dropped and (not droppable or self._queued + len(data) <= MAX_PENDING_OUTPUT // 2):
+            note = f"[{self._dropped} output lines dropped: the client did not read them in time]\n"
+            self._dropped = 0
+            self._put(_messages.encode({"type": "stderr", "text": note, "timestamp": _messages.timestamp(None)}))
+        if droppable and (self._dropped or self._queued + len(data) > MAX_PENDING_OUTPUT):
+            self._dropped += 1
+            return
+        self._put(data)
+
+    def _put(self, data: bytes) -> None:
+        self._queued += len(data)
+        self.outbox.put_nowait(data)
 
     async def _main(self) -> None:
         try:

@@ -34,7 +34,7 @@ from runtime.agent._processes import ProcessError
 from runtime.agent._state import UserError
 from runtime.agent._validation import _refuse
 
-_HTTP_ONLY = {ErrorKind.NOT_ACCEPTABLE, ErrorKind.INSUFFICIENT_STORAGE}
+_HTTP_ONLY = {ErrorKind.NOT_ACCEPTABLE, ErrorKind.CONTENT_TOO_LARGE, ErrorKind.INSUFFICIENT_STORAGE}
 
 
 def test_a_kind_means_the_same_status_on_both_transports() -> None:
@@ -55,6 +55,8 @@ def test_the_table() -> None:
         "NOT_FOUND": (404, "not_found"),
         "NOT_ACCEPTABLE": (406, "invalid_argument"),
         "ALREADY_EXISTS": (409, "already_exists"),
+        "CONTENT_TOO_LARGE": (413, "resource_exhausted"),
+        "RESOURCE_EXHAUSTED": (429, "resource_exhausted"),
         "UNKNOWN": (500, "unknown"),
         "INTERNAL": (500, "internal"),
         "UNIMPLEMENTED": (501, "unimplemented"),

@@ -351,7 +351,7 @@ def test_watch_setup_failure_is_a_watcher_error(tmp_path: Path, monkeypatch: pyt
     (tmp_path / "sub").mkdir()
     monkeypatch.setattr(_FailingINotify, "failures", {"sub": errno.ENOSPC})
     monkeypatch.setattr(inotify_simple, "INotify", _FailingINotify)
-    with pytest.raises(WatcherError, match=r"^watcher error: .*No space left on device"):
+    with pytest.raises(WatcherError, match=r"^watcher error: .*inotify watch limit is reached"):
         run(DirectoryWatcher(str(tmp_path), recursive=True).start())
 
 
