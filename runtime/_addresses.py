@@ -26,17 +26,16 @@ agent. So the leases live in one file per host, changed only under an exclusive 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import ipaddress
 import json
-import os
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._hostregistry import LockedState
 from ._network import DEFAULT_POOL, SUBNET_PREFIX, NetworkError, PoolExhaustedError
 
 __all__ = ["DEFAULT_REGISTRY", "AddressRegistry", "Lease", "host_networks"]
@@ -88,41 +87,9 @@ class AddressRegistry:
 
     # -- the file, under the lock -------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[dict[str, Any]]:
+    def _locked(self) -> contextlib.AbstractContextManager[dict[str, Any]]:
         """The registry, read under the host-wide lock and written back (atomically) on success."""
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # A lock file of its own, opened per call: flock locks belong to an open file description,
-        # so two threads of one process exclude each other as two processes do.
-        fd = os.open(self.folder / "addresses.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            state = self._read()
-            yield state
-            self._write(state)
-        finally:
-            os.close(fd)  # closing releases the lock
-
-    def _read(self) -> dict[str, Any]:
-        try:
-            state = json.loads((self.folder / "addresses.json").read_text())
-        except FileNotFoundError:
-            state = {}
-        except ValueError as exc:  # never guess: a damaged registry could hand out a leased subnet
-            raise NetworkError(
-                f"{self.folder / 'addresses.json'} is damaged ({exc}); remove it only when no sandbox runs on this host"
-            ) from None
-        state.setdefault("next", {})
-        state.setdefault("leases", {})
-        state.setdefault("cooling", {})
-        return dict(state)
-
-    def _write(self, state: dict[str, Any]) -> None:
-        target = self.folder / "addresses.json"
-        tmp = target.with_name(f".addresses.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, target)
+        return LockedState(self.folder, "addresses", NetworkError, "next", "leases", "cooling").locked()
 
     # -- operations ------------------------------------------------------------------------
 

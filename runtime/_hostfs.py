@@ -1,4 +1,4 @@
-"""Host-side file and command helpers of the OCI backends: the mount table, layer sizes and copies, logs.
+"""Host-side file and command helpers of the OCI backends: the mount table, layer sizes, logs.
 
 Everything here runs on the host, as the backend's own user (root). Commands that fail raise
 ``BackendError`` with the command's own error output; nothing here is specific to one OCI runtime.
@@ -7,13 +7,31 @@ Everything here runs on the host, as the backend's own user (root). Commands tha
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from .backend import BackendError
 
 LOG_LIMIT = 4 << 20  # bytes kept per sandbox log
+LOG_CHUNK = LOG_LIMIT // 4  # the writer rotates at this size; the log and its one old part stay below the limit
+
+# The log writer (``log_writer``): reads the container's output from its stdin and appends it to
+# $1 in parts of $2 bytes (head unbuffered: each read is written as it comes); before each part,
+# a log at that size or more becomes $1.1, replacing the older one. So the current file stays
+# below 2 parts, and the old one too. A failed write
+# (the folder removed by a kill, a full host disk) never stalls or kills the sandbox: the rest
+# is drained. It ends when every writer of the pipe is gone (the container and crun exited).
+_LOG_WRITER = """
+while :; do
+  [ "$(wc -c 2>/dev/null <"$1" || echo 0)" -lt "$2" ] || mv -f "$1" "$1.1" || break
+  stdbuf -o0 head -c "$2" >>"$1" || break
+  [ "$(wc -c 2>/dev/null <"$1" || echo 0)" -ge "$2" ] || exit 0
+done
+exec cat >/dev/null
+"""
 
 
 def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -24,6 +42,14 @@ def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+# The sandbox's root filesystem, as mounted on the host: no device nodes ever (nodev), but setuid
+# stays: a host mount's nosuid is locked into the sandbox's user namespace and would break
+# ``sudo`` for the sandbox user, which templates provide as E2B's do. Setuid programs in it belong
+# to the sandbox's own id range (never host root), and the mount sits in a 0700 folder of the
+# sandbox's root (``OciBackend._own_layer``), so no other host user can reach or run them.
+OVERLAY_OPTIONS = "nodev"
+
+
 def mount_overlay(lowers: list[str], upper: Path, work: Path, target: Path) -> None:
     run(
         "mount",
@@ -31,7 +57,26 @@ def mount_overlay(lowers: list[str], upper: Path, work: Path, target: Path) -> N
         "overlay",
         "overlay",
         "-o",
-        f"lowerdir={':'.join(lowers)},upperdir={upper},workdir={work}",
+        f"{OVERLAY_OPTIONS},lowerdir={':'.join(lowers)},upperdir={upper},workdir={work}",
+        str(target),
+    )
+
+
+def mount_sysfs(netns_path: str, target: Path) -> None:
+    """A read-only sysfs at ``target`` whose network views (class/net, devices/*/net) are those of ``netns_path``.
+
+    sysfs takes the network namespace of the process that mounts it; only the mount runs in it.
+    """
+    run(
+        "nsenter",
+        f"--net={netns_path}",
+        "--",
+        "mount",
+        "-t",
+        "sysfs",
+        "-o",
+        "ro,nosuid,nodev,noexec",
+        "sysfs",
         str(target),
     )
 
@@ -84,12 +129,6 @@ def tree_bytes(root: Path) -> int:
     return total
 
 
-def copy_tree(source: Path, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # cp -a keeps owners, modes, xattrs and overlay whiteouts (0:0 character devices).
-    run("cp", "-a", "--reflink=auto", str(source), str(target))
-
-
 def read_int(path: str) -> int:
     """The first number in a (cgroup) file; 0 when it is missing or says something else."""
     try:
@@ -99,10 +138,74 @@ def read_int(path: str) -> int:
 
 
 def tail(log: Path) -> str:
+    data = read_log(log, 800)
+    return data.decode(errors="replace") if data else "(no log)"
+
+
+def read_log(log: Path, limit: int) -> bytes:
+    """The last ``limit`` bytes of a log the writer rotates: its old part (``<log>.1``) then the current one."""
+    data = b""
+    for part in (log.with_name(log.name + ".1"), log):
+        with contextlib.suppress(FileNotFoundError), part.open("rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, size - limit))
+            data = (data + handle.read())[-limit:]
+    return data
+
+
+def _writer_lock(log: Path) -> Path:
+    return log.with_name(f".{log.name}.writer")
+
+
+def log_writer(log: Path, chunk: int = LOG_CHUNK) -> int:
+    """Start the rotating writer of ``log`` (``_LOG_WRITER``); returns the pipe's write end, the caller's to close.
+
+    The writer is a small shell loop of its own session, detached (``setsid -f``): sandboxes outlive
+    the server, and so must the reader of their output, or a sandbox writing to it would fail. The
+    pipe carries back-pressure, so however fast a sandbox prints, the host holds at most the limit.
+    It holds a lock on a file next to the log while it runs (``wait_log_writer``).
+    """
+    read_end, write_end = os.pipe()
+    lock = os.open(_writer_lock(log), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        return log.read_bytes()[-800:].decode(errors="replace")
-    except OSError:
-        return "(no log)"
+        # Locked here, before the writer exists, and handed to it: the lock is the open file's, so
+        # it is held from now until the writer's last process ends, with no gap for a waiter to miss.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        argv = ["setsid", "-f", "sh", "-c", _LOG_WRITER, "sh", str(log), str(chunk)]
+        subprocess.run(
+            argv,
+            stdin=read_end,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            pass_fds=(lock,),
+            cwd="/",
+            check=True,
+        )
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+        os.close(lock)
+    return write_end
+
+
+def wait_log_writer(log: Path, timeout: float) -> bool:
+    """Wait until no writer of ``log`` runs any more (it wrote everything); False when ``timeout`` passed first."""
+    deadline = time.monotonic() + timeout
+    try:
+        handle = _writer_lock(log).open("rb")
+    except FileNotFoundError:
+        return True
+    with handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.02)
 
 
 def trim(log: Path) -> None:

@@ -1,11 +1,14 @@
 """Idmapped mounts: template files owned by root appear owned by an unprivileged host uid.
 
-Sandboxes run in a user namespace whose root is host uid ``base`` (100000 by default), so
-a process that escapes its namespaces is nobody on the host. The template's files belong
+Sandboxes run in a user namespace whose root is host uid ``base``, the first id of a range of
+the sandbox's own (``_idranges``), so a process that escapes its namespaces is nobody on the
+host and owns nothing of another sandbox. The template's files belong
 to host root, though, and would look like ``nobody`` inside. An idmapped bind mount of the
 template (kernel ≥ 5.12, ext4/xfs/btrfs/tmpfs) shifts what the overlay sees by ``base``
 without touching the template: one template serves every sandbox, and the writable layer
-is created by the sandbox's root, i.e. owned by host uid ``base``.
+is created by the sandbox's root, i.e. owned by host uid ``base``. Snapshot layers are
+shifted back to 0-based owners when taken (``unshift_owners``) and then idmapped the same way,
+so a sandbox made from a snapshot of another sees the same owners in its own range.
 
 util-linux in Debian 12 predates ``X-mount.idmap``, so the three system calls are made here
 (``open_tree``, ``mount_setattr``, ``move_mount``; the same numbers on every architecture).
@@ -17,9 +20,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import stat
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 _SYS_OPEN_TREE = 428
 _SYS_MOVE_MOUNT = 429
@@ -62,6 +67,8 @@ class Mapping:
 
 
 DEFAULT_MAPPING = Mapping()
+# The one range every sandbox shared before each got its own (runtime._idranges); kept for old records.
+LEGACY_BASE = 100_000
 
 
 def userns_fd(mapping: Mapping) -> int:
@@ -114,3 +121,30 @@ def idmapped_bind(source: str, target: str, ns_fd: int) -> None:
         )
     finally:
         os.close(tree)
+
+
+def unshift_owners(root: Path, mapping: Mapping) -> None:
+    """Owners in ``mapping``'s host range become 0-based again, in place, under ``root`` (a copied layer).
+
+    A snapshot layer stored this way is idmapped into each sandbox made from it, like a template;
+    ids outside the range (the overlay's whiteouts, owned by host root) stay as they are. chown
+    clears setuid and setgid bits, so the mode is put back afterwards. File capabilities
+    (``security.capability``) do not survive the chown either: a snapshot does not keep them.
+    """
+    span = range(mapping.base, mapping.base + mapping.size)
+    stack = [str(root)]
+    while stack:
+        folder = stack.pop()
+        with os.scandir(folder) as entries:
+            paths = [entry.path for entry in entries]
+        for path in [folder, *paths] if folder == str(root) else paths:
+            info = os.lstat(path)
+            if stat.S_ISDIR(info.st_mode) and path != folder:
+                stack.append(path)
+            uid = info.st_uid - mapping.base if info.st_uid in span else info.st_uid
+            gid = info.st_gid - mapping.base if info.st_gid in span else info.st_gid
+            if (uid, gid) == (info.st_uid, info.st_gid):
+                continue
+            os.chown(path, uid, gid, follow_symlinks=False)
+            if not stat.S_ISLNK(info.st_mode):
+                os.chmod(path, stat.S_IMODE(info.st_mode))

@@ -12,12 +12,22 @@ Choices, and why:
   ``no_new_privileges``, so ``sudo`` works for the sandbox user as in E2B templates.
 - seccomp: allow by default and refuse (EPERM) the calls that reach past the sandbox —
   kernel modules, kexec, reboot, swap, clock setting, keyrings, bpf, perf, mount table and
-  namespace changes, raw I/O ports — so a root process inside cannot touch the host kernel.
-- Limits: memory (hard, no swap), pids, CPU quota; set through the cgroup the runtime names.
+  namespace changes, raw I/O ports, io_uring — so a root process inside cannot touch the host
+  kernel. ``clone`` is refused when its flags ask for any new namespace (one masked-equality
+  rule per flag; fork and threads pass); ``clone3`` fails with ENOSYS, since its flags sit in a
+  struct seccomp cannot read, and libc then falls back to ``clone``. So a sandbox's root makes
+  no nested user or network namespace.
+- ``/sys``: a sysfs of the sandbox's network namespace, mounted by the backend on the host and
+  bound here (``plan.sysfs``), so ``class/net`` lists the sandbox's interfaces only; the cgroup
+  namespace roots ``/sys/fs/cgroup`` at the sandbox's own cgroup; firmware and power counters are masked.
+- Limits: memory (hard, no swap), pids, CPU quota, set through the cgroup the runtime names;
+  open files per process (``RLIMIT_NOFILE``); inotify instances and watches per sandbox user
+  namespace, written by a ``createRuntime`` hook (see ``INOTIFY_INSTANCES``).
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +103,45 @@ DENIED_SYSCALLS = [
     "vm86old",
 ]
 
+# clone(2) flags that make namespaces. CLONE_NEWTIME is left out: for clone (not clone3 or
+# unshare) that bit is part of the exit signal in the low byte.
+CLONE_NAMESPACE_FLAGS = {
+    "CLONE_NEWNS": 0x00020000,
+    "CLONE_NEWCGROUP": 0x02000000,
+    "CLONE_NEWUTS": 0x04000000,
+    "CLONE_NEWIPC": 0x08000000,
+    "CLONE_NEWUSER": 0x10000000,
+    "CLONE_NEWPID": 0x20000000,
+    "CLONE_NEWNET": 0x40000000,
+}
+# Calls that fail with ENOSYS rather than EPERM: clone3 passes its flags in a struct seccomp
+# cannot read, and libc falls back to clone (whose flags it can) only on ENOSYS.
+ENOSYS_SYSCALLS = ["clone3"]
+# io_uring runs I/O from kernel workers, outside what the rules above and the LSMs see.
+IO_URING_SYSCALLS = ["io_uring_enter", "io_uring_register", "io_uring_setup"]
+_EPERM, _ENOSYS = 1, 38
+
+# Per-process open files. Every descriptor is kernel memory; the pids limit times this bounds a sandbox.
+NOFILE_LIMIT = 65_536
+# Per sandbox user namespace: inotify instances and watches are charged up the user-namespace
+# tree to the uid that created it (host root, for every sandbox), so without a bound of its own
+# one sandbox could use up root's fs.inotify.max_user_instances for the host and all others.
+INOTIFY_INSTANCES = 128
+INOTIFY_WATCHES = 65_536
+
+# The createRuntime hook: reads the container state (JSON, with the init's pid) on stdin, joins
+# that process's user namespace (host root holds every capability there) and sets its limits.
+_USERNS_LIMITS_HOOK = """
+import ctypes, json, os, sys
+pid = json.load(sys.stdin)["pid"]
+fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY)
+if ctypes.CDLL(None, use_errno=True).setns(fd, 0x10000000) != 0:
+    sys.exit(f"setns into the sandbox user namespace: {os.strerror(ctypes.get_errno())}")
+for name, value in zip(("max_inotify_instances", "max_inotify_watches"), sys.argv[1:]):
+    with open(f"/proc/sys/user/{name}", "w") as limit:
+        limit.write(value)
+"""
+
 _CPU_PERIOD = 100_000
 # null, zero, full, random, urandom, tty, ptmx, and every pts: what a shell session needs.
 _ALLOWED_DEVICES: list[dict[str, Any]] = [
@@ -113,6 +162,10 @@ class ContainerPlan:
     env: dict[str, str]
     limits: Limits
     id_mapping: list[dict[str, int]] | None = None  # user namespace: container 0 → an unprivileged host uid
+    sysfs: str | None = None  # a sysfs of the sandbox's network namespace, bound at /sys (None: the runtime's)
+    # RLIMIT_NOFILE, soft and hard: the runtime sets it inside the user namespace, where it cannot
+    # go above the caller's own hard limit (the backend passes the smaller of the two).
+    open_files: int = NOFILE_LIMIT
 
 
 def _mount(destination: str, kind: str, source: str, options: list[str]) -> dict[str, Any]:
@@ -131,8 +184,20 @@ def config(plan: ContainerPlan) -> dict[str, Any]:
             "cwd": "/",
             "capabilities": dict.fromkeys(("bounding", "effective", "permitted"), CAPABILITIES),
             "noNewPrivileges": False,
+            "rlimits": [{"type": "RLIMIT_NOFILE", "soft": plan.open_files, "hard": plan.open_files}],
         },
         "root": {"path": plan.rootfs, "readonly": False},
+        # The runtime refuses user.* sysctls ("not namespaced"); a host-side hook writes them
+        # into the sandbox's user namespace once it exists, before the agent runs.
+        "hooks": {
+            "createRuntime": [
+                {
+                    "path": sys.executable,
+                    "args": ["python3", "-c", _USERNS_LIMITS_HOOK, str(INOTIFY_INSTANCES), str(INOTIFY_WATCHES)],
+                    "timeout": 10,
+                }
+            ]
+        },
         "hostname": plan.hostname,
         "mounts": [
             _mount("/proc", "proc", "proc", ["nosuid", "noexec", "nodev"]),
@@ -145,7 +210,11 @@ def config(plan: ContainerPlan) -> dict[str, Any]:
             ),
             _mount("/dev/shm", "tmpfs", "shm", ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]),  # noqa: S108
             _mount("/dev/mqueue", "mqueue", "mqueue", ["nosuid", "noexec", "nodev"]),
-            _mount("/sys", "sysfs", "sysfs", ["nosuid", "noexec", "nodev", "ro"]),
+            (
+                _mount("/sys", "bind", plan.sysfs, ["rbind", "nosuid", "noexec", "nodev", "ro"])
+                if plan.sysfs
+                else _mount("/sys", "sysfs", "sysfs", ["nosuid", "noexec", "nodev", "ro"])
+            ),
             _mount("/sys/fs/cgroup", "cgroup", "cgroup", ["nosuid", "noexec", "nodev", "relatime", "ro"]),
             _mount("/etc/hosts", "bind", plan.hosts_file, ["rbind", "ro"]),
             _mount("/etc/resolv.conf", "bind", plan.resolv_file, ["rbind", "ro"]),
@@ -172,7 +241,7 @@ def config(plan: ContainerPlan) -> dict[str, Any]:
             "seccomp": {
                 "defaultAction": "SCMP_ACT_ALLOW",
                 "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_AARCH64"],
-                "syscalls": [{"names": DENIED_SYSCALLS, "action": "SCMP_ACT_ERRNO", "errnoRet": 1}],
+                "syscalls": seccomp_rules(),
             },
             "maskedPaths": [
                 "/proc/kcore",
@@ -181,11 +250,31 @@ def config(plan: ContainerPlan) -> dict[str, Any]:
                 "/proc/timer_list",
                 "/proc/sched_debug",
                 "/sys/firmware",
+                "/sys/devices/virtual/powercap",  # energy counters: a side channel on other tenants' work
                 "/proc/scsi",
             ],
             "readonlyPaths": ["/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"],
         },
     }
+
+
+def seccomp_rules() -> list[dict[str, Any]]:
+    """Refusals on top of allow-by-default: the denied list, namespace-making clone, clone3, io_uring."""
+    refuse = {"action": "SCMP_ACT_ERRNO", "errnoRet": _EPERM}
+    # One rule per flag (rules are or-ed): "any namespace flag set" is not one masked comparison.
+    clone = [
+        {
+            "names": ["clone"],
+            **refuse,
+            "args": [{"index": 0, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}],
+        }
+        for flag in CLONE_NAMESPACE_FLAGS.values()
+    ]
+    return [
+        {"names": DENIED_SYSCALLS + IO_URING_SYSCALLS, **refuse},
+        {"names": ENOSYS_SYSCALLS, "action": "SCMP_ACT_ERRNO", "errnoRet": _ENOSYS},
+        *clone,
+    ]
 
 
 def hosts_file(hostname: str) -> str:

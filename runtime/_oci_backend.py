@@ -3,20 +3,25 @@
 Per sandbox, under ``<state>/sandboxes/<id>/``::
 
     record.json   every resource the sandbox owns, written *before* the resource is made
-    upper/ work/  the overlay's writable layer (kept across a filesystem-only pause)
+    disk.img      the sandbox's disk: a sparse ext4 image of the disk limit (``runtime._disk``)
+    disk/         its mount point, holding upper/ and work/: the overlay's writable layer
+                  (kept, mounted, across a filesystem-only pause)
     bundle/       config.json, hosts, resolv.conf, rootfs/ (the overlay mount point)
-    logs/         the sandbox's output (trimmed to a bounded size)
+    logs/         the sandbox's output, rotated and bounded while it runs (``sandbox.log``, ``.1``)
 
 ``OciBackend`` is the whole ``Backend`` but for the container runtime's command, which it
 reaches through ``ContainerRuntime``: create a container from a bundle, start, freeze, thaw,
 delete it, ask for its status. ``runtime.crun`` is that seam for crun; gVisor's ``runsc``
 takes the same arguments and is one more small module of the same shape.
 
-Lifecycle: create = record + network + idmapped lowers + overlay + bundle; start = the
+Lifecycle: create = record + disk + network + id range + idmapped lowers + overlay + sysfs + bundle; start = the
 runtime's create and start, then wait for the agent's ``/health``; pause(memory) = freeze
 (the cgroup freezer); pause(filesystem) = delete the container, keeping ``upper/``; resume =
-thaw, or a fresh create + start on the same writable layer; kill releases everything in
-reverse order and removes the record last.
+thaw, or a fresh create + start on the same writable layer; kill marks the record releasing,
+releases everything in reverse order (retried when it fails) and removes the record last.
+reconcile (after a crash or a host restart) never deletes a recorded sandbox's files: it makes
+again what a sandbox lost (``_restore``), turns one whose processes are gone into STOPPED, and
+moves one it cannot make again to ``<state>/quarantine/<id>/``.
 
 Errors: public methods raise only the ``runtime.backend`` tree. An ``OSError``, a failed
 subprocess or a malformed value met on the way comes out as ``BackendError`` saying what was
@@ -28,7 +33,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
+import resource
 import secrets
 import shutil
 import subprocess
@@ -42,7 +49,7 @@ import httpx
 
 from contract.protocol import ENVD_PORT
 
-from . import _addresses, _hostfs, _idmap, _network, _oci
+from . import _addresses, _disk, _hostfs, _idmap, _idranges, _network, _oci, _sharing
 from .backend import (
     Action,
     BackendError,
@@ -58,17 +65,28 @@ from .backend import (
     TransitionError,
     next_state,
 )
-from .templates import Template, ensure_template
+from .templates import Template, ensure_template, register_template_user, templates_dir
 
 CGROUP_PARENT = "e2b-compat"
 _CGROUP_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "cpuset", "devices", "freezer", "blkio", "hugetlb")
 _HEALTH_TIMEOUT_S = 30.0
+_LAST_SNAPSHOT = "last-snapshot"  # in a sandbox's folder: its newest snapshot's id, to share files with
+_KILL_ATTEMPTS = 4  # a failing release is tried this often, pausing 0.25, 0.5, 1 s between
+_KILL_BACKOFF_S = 0.25
+QUARANTINE = "quarantine"  # <state>/quarantine/<id>/: what reconcile could not re-create, files kept
+
+_log = logging.getLogger(__name__)
+
+
+class _UnrecoverableError(Exception):
+    """A recorded sandbox cannot be re-created (a layer or its writable layer is gone): set it aside."""
 
 
 class ContainerRuntime(Protocol):
     """An OCI runtime's command line, as far as the backend needs it (crun; runsc takes the same).
 
-    ``create`` makes the container from ``bundle`` with its output appended to ``log``, and
+    ``create`` makes the container from ``bundle`` with its output going to ``log`` (rotated
+    to ``<log>.1`` and bounded while it runs: ``_hostfs.log_writer``), and
     starts the container's init in a session of its own: in the caller's, a signal to the
     caller's process group (Ctrl-C, a supervisor stopping the server) would reach every
     sandbox. ``start`` runs the bundle's process; ``freeze`` and ``thaw`` stop and continue
@@ -104,10 +122,13 @@ class Record:
     lowers: list[str]
     state: str
     network: dict[str, Any] | None = None
-    idmapped: list[str] = field(default_factory=list)  # idmapped binds of template lowers
+    idmapped: list[str] = field(default_factory=list)  # idmapped binds of lowers, and the sysfs view (bundle/sys)
+    ids: int | None = None  # first host id of the sandbox's own id range (runtime._idranges)
     mounted: bool = False
     container: str | None = None
+    disk: str | None = None  # the disk image holding upper/ and work/ (runtime._disk); None: the home's
     spec: dict[str, Any] = field(default_factory=dict)
+    releasing: bool = False  # a kill began: reconcile finishes the release, never re-creates it
 
     @staticmethod
     def load(path: Path) -> Record:
@@ -142,13 +163,17 @@ class OciBackend:
         *,
         pool: _network.AddressPool | None = None,
         templates_root: Path | None = None,
-        id_mapping: _idmap.Mapping | None = _idmap.DEFAULT_MAPPING,  # None: sandbox root is host root
+        id_mapping: _idmap.Mapping | None = _idmap.DEFAULT_MAPPING,  # its size; None: sandbox root is host root
         templates: Iterable[Template] = (),  # already built: used as they are, never looked up again
         addresses: _addresses.AddressRegistry | None = None,  # default: the host's one registry
+        id_ranges: _idranges.IdRangeRegistry | None = None,  # default: the host's one registry
     ) -> None:
         self._dir = state_dir
         self._runtime = container_runtime
         self._mapping = id_mapping
+        # Each sandbox maps onto a host id range of its own, leased host-wide like its subnet.
+        size = id_mapping.size if id_mapping else _idranges.RANGE_SIZE
+        self._ids = id_ranges or _idranges.IdRangeRegistry(size=size)
         self._pool = pool or _network.AddressPool()
         # Subnets come from the host-wide registry, never from this backend's own records: two
         # servers on one host, or two creates of one server in worker threads, must never share one.
@@ -161,11 +186,17 @@ class OciBackend:
             built.name: ([str(built.rootfs)], tuple(built.agent_command)) for built in templates
         }
         with _reported(f"setting up the {self.name} backend in {state_dir}"):
-            self._userns_fd = _idmap.userns_fd(id_mapping) if id_mapping is not None else None
             if id_mapping is not None:
+                # Each sandbox makes its own namespace; one now says at once whether this host can.
+                os.close(_idmap.userns_fd(_idmap.Mapping(_idranges.FIRST_ID, id_mapping.size)))
                 _hostfs.check_traversable(state_dir)
-            (self._dir / "sandboxes").mkdir(parents=True, exist_ok=True)
-            (self._dir / "snapshots").mkdir(parents=True, exist_ok=True)
+            # Other host users may pass through to a bundle (the sandbox's root must) but list nothing;
+            # snapshots are reached only by root (through idmapped binds), so nobody else gets in.
+            for folder, mode in (("sandboxes", 0o711), ("snapshots", 0o700)):
+                (self._dir / folder).mkdir(parents=True, exist_ok=True)
+                os.chmod(self._dir / folder, mode)
+            for lowers, _command in self._templates.values():
+                self._use_templates_of(Path(lowers[0]).parent.parent)
             self._runtime.root.mkdir(parents=True, exist_ok=True)
             _network.ensure_host_firewall()  # isolation rules every sandbox network relies on
 
@@ -214,12 +245,20 @@ class OciBackend:
             raise TemplateNotFoundError(template)
         if template in self._templates:
             return self._templates[template]
+        self._use_templates_of(templates_dir(self._templates_root))  # before a build may prune
         try:
             built: Template = ensure_template(template, cache_root=self._templates_root)
         except Exception as exc:  # the builder's own error says what failed
             raise TemplateNotFoundError(f"{template}: {exc}") from exc
         self._templates[template] = ([str(built.rootfs)], tuple(built.agent_command))
+        self._use_templates_of(templates_dir(self._templates_root))  # now serving it: keep it from pruning
         return self._templates[template]
+
+    def _use_templates_of(self, folder: Path) -> None:
+        """Tell pruning in ``folder`` to read this backend's records: it never removes a layer they name."""
+        with contextlib.suppress(OSError):  # a read-only cache is never pruned by us either
+            served = [lowers[0] for lowers, _command in self._templates.values()]
+            register_template_user(folder, self._dir, serving=served)
 
     # -- creating -------------------------------------------------------------------
 
@@ -231,7 +270,7 @@ class OciBackend:
             lowers, command = await asyncio.to_thread(self._lowers, spec.template)
             async with self._lock(spec.sandbox_id):
                 home.mkdir(parents=True)
-                for name in ("upper", "work", "bundle/rootfs", "logs"):
+                for name in ("bundle/rootfs", "logs"):  # upper/ and work/ are made on the sandbox's disk
                     (home / name).mkdir(parents=True, exist_ok=True)
                 record = Record(
                     spec.sandbox_id,
@@ -258,6 +297,9 @@ class OciBackend:
 
     def _provision(self, record: Record) -> None:
         home = self._home(record.sandbox_id)
+        record.disk = str(home / "disk.img")
+        self._save(record)  # recorded before it exists
+        self._ensure_disk(record)
         # A lease whose record was never saved (a crash right here) is ended by reconcile().
         net = _network.plan(record.sandbox_id, self._addresses.allocate(self._owner, record.sandbox_id))
         record.network = net.to_record()
@@ -266,42 +308,118 @@ class OciBackend:
         lowers = self._map_lowers(record)
         record.mounted = True
         self._save(record)
-        _hostfs.mount_overlay(lowers, home / "upper", home / "work", home / "bundle" / "rootfs")
+        layer = self._layer(record)
+        _hostfs.mount_overlay(lowers, layer / "upper", layer / "work", home / "bundle" / "rootfs")
         self._write_bundle(record, net)
 
-    def _map_lowers(self, record: Record) -> list[str]:
-        """Lower layers as the overlay sees them: templates through read-only idmapped binds.
+    def _layer(self, record: Record) -> Path:
+        """The folder holding the writable layer's ``upper/`` and ``work/``: the sandbox's disk when it has one."""
+        home = self._home(record.sandbox_id)
+        return home / "disk" if record.disk else home
 
-        Snapshot layers were written by a sandbox's root, so they already carry the shifted
-        owners and are used as they are. The writable layer belongs to the sandbox's root.
+    def _ensure_disk(self, record: Record) -> None:
+        """The sandbox's disk exists and is mounted with ``upper/`` and ``work/`` on it; idempotent.
+
+        Reconcile calls this after a host reboot (mounts gone, image kept); it never reformats
+        an image that exists. A record without a disk (made before disks) has nothing to do.
         """
-        if self._mapping is None or self._userns_fd is None:
+        if not record.disk:
+            return
+        layer = self._layer(record)
+        _disk.ensure(Path(record.disk), layer, _disk_mb(record))
+        for name in ("upper", "work"):
+            (layer / name).mkdir(exist_ok=True)
+
+    def _sandbox_mapping(self, record: Record) -> _idmap.Mapping | None:
+        """The sandbox's id mapping; a record from before per-sandbox ranges keeps the old shared one."""
+        if self._mapping is None:
+            return None
+        return _idmap.Mapping(record.ids if record.ids is not None else _idmap.LEGACY_BASE, self._mapping.size)
+
+    def _idmapped(self, lower: str) -> bool:
+        """Whether the overlay sees a lower through an idmapped bind: templates, and snapshots kept 0-based."""
+        if not lower.startswith(str(self._dir / "snapshots")):
+            return True
+        with contextlib.suppress(OSError, ValueError):
+            return bool(json.loads((Path(lower).parent / "manifest.json").read_text()).get("zero_based"))
+        return False  # a snapshot from before per-sandbox ranges: owners already shifted
+
+    def _map_lowers(self, record: Record) -> list[str]:
+        """Lower layers as the overlay sees them: read-only binds idmapped into the sandbox's own id range.
+
+        Leases the range first (recorded before use). Templates and snapshot layers hold 0-based
+        owners (a snapshot is shifted back when taken), so one bind per lower gives this sandbox
+        its own owners. The writable layer and the sandbox's folder belong to the sandbox's root.
+        """
+        if self._mapping is None:
             return record.lowers
         home = self._home(record.sandbox_id)
-        snapshots = str(self._dir / "snapshots")
+        if record.ids is None:
+            # A lease whose record was never saved (a crash right here) is ended by reconcile().
+            record.ids = self._ids.allocate(self._owner, record.sandbox_id)
+            self._save(record)
+        mapping = self._sandbox_mapping(record)
+        assert mapping is not None
         mapped = []
-        for index, lower in enumerate(record.lowers):
-            if lower.startswith(snapshots):
-                mapped.append(lower)
-                continue
-            target = home / "lowers" / str(index)
-            target.mkdir(parents=True, exist_ok=True)
+        ns_fd = _idmap.userns_fd(mapping)
+        try:
+            for index, lower in enumerate(record.lowers):
+                if not self._idmapped(lower):
+                    mapped.append(lower)
+                    continue
+                target = home / "lowers" / str(index)
+                target.mkdir(parents=True, exist_ok=True)
+                record.idmapped.append(str(target))
+                self._save(record)  # recorded before it exists
+                _idmap.idmapped_bind(lower, str(target), ns_fd)
+                mapped.append(str(target))
+        finally:
+            os.close(ns_fd)
+        self._own_layer(record, mapping)
+        return mapped
+
+    def _own_layer(self, record: Record, mapping: _idmap.Mapping) -> None:
+        """The writable layer is the sandbox root's; its folder is closed to other host users.
+
+        The folder belongs to the sandbox's root (0700): it must walk to ``bundle/rootfs`` and
+        nobody else may, so no other host user reaches its files or its setuid programs.
+        """
+        home = self._home(record.sandbox_id)
+        for name in ("upper", "work"):
+            os.chown(self._layer(record) / name, mapping.base, mapping.base)
+        os.chown(home, mapping.base, mapping.base)
+        os.chmod(home, 0o700)  # the record, logs and bundle inside are reached through it only
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(home / "logs", 0o700)  # root's: the sandbox's root has no business reading its own log
+
+    def _mount_sysfs(self, record: Record, net: _network.SandboxNetwork) -> Path:
+        """A sysfs of the sandbox's network namespace at ``bundle/sys``, bound over the sandbox's ``/sys``.
+
+        The runtime cannot mount one itself (the namespace belongs to the host's user namespace)
+        and falls back to binding the host's ``/sys``, whose ``class/net`` and ``devices/*/net``
+        show the host's interfaces. Mounted by root inside the namespace, sysfs shows its own only.
+        """
+        target = self._home(record.sandbox_id) / "bundle" / "sys"
+        if _hostfs.is_mount(str(target)):
+            return target
+        target.mkdir(exist_ok=True)
+        if str(target) not in record.idmapped:
             record.idmapped.append(str(target))
             self._save(record)  # recorded before it exists
-            _idmap.idmapped_bind(lower, str(target), self._userns_fd)
-            mapped.append(str(target))
-        for name in ("upper", "work"):
-            os.chown(home / name, self._mapping.base, self._mapping.base)
-        return mapped
+        _hostfs.mount_sysfs(str(net.netns_path), target)
+        return target
 
     def _write_bundle(self, record: Record, net: _network.SandboxNetwork) -> None:
         bundle = self._home(record.sandbox_id) / "bundle"
         hostname = record.spec["hostname"]
+        mapping = self._sandbox_mapping(record)
+        sysfs = self._mount_sysfs(record, net)
         (bundle / "hosts").write_text(_oci.hosts_file(hostname))
         (bundle / "resolv.conf").write_text(_oci.resolv_file([]))
         plan = _oci.ContainerPlan(
             rootfs=str(bundle / "rootfs"),
             netns_path=str(net.netns_path),
+            sysfs=str(sysfs),
             hostname=hostname,
             hosts_file=str(bundle / "hosts"),
             resolv_file=str(bundle / "resolv.conf"),
@@ -309,7 +427,8 @@ class OciBackend:
             command=tuple(record.spec["command"]),
             env={"E2B_SANDBOX": "true", "E2B_SANDBOX_ID": record.sandbox_id, "E2B_TEMPLATE_ID": record.template},
             limits=_limits(record),
-            id_mapping=self._mapping.oci() if self._mapping is not None else None,
+            id_mapping=mapping.oci() if mapping is not None else None,
+            open_files=min(_oci.NOFILE_LIMIT, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),
         )
         (bundle / "config.json").write_text(json.dumps(_oci.config(plan), indent=1))
 
@@ -382,12 +501,38 @@ class OciBackend:
                     record = self._record(sandbox_id)
                 except SandboxNotFoundError:
                     return False
-                await asyncio.to_thread(self._release, record)
+                if not record.releasing:  # from here on no reconcile brings it back
+                    record.releasing = True
+                    self._save(record)
+                await self._release_retrying(record)
             self._locks.pop(sandbox_id, None)
             return True
 
-    def _release(self, record: Record) -> None:
-        """Undo everything the record says exists, newest first; safe to repeat."""
+    async def _release_retrying(self, record: Record) -> None:
+        """``_release``, retried with a doubling pause: a busy mount or a runtime hiccup often passes.
+
+        Still failing after ``_KILL_ATTEMPTS``, the record stays (marked releasing), so the sandbox is
+        never half-released and forgotten: the next kill, or the next reconcile, tries again.
+        """
+        pause = _KILL_BACKOFF_S
+        for attempt in range(1, _KILL_ATTEMPTS + 1):
+            try:
+                await asyncio.to_thread(self._release, record)
+                return
+            except (SandboxRuntimeError, OSError, subprocess.SubprocessError) as exc:
+                if attempt == _KILL_ATTEMPTS:
+                    raise BackendError(
+                        f"killing sandbox {record.sandbox_id}: releasing it failed {attempt} times "
+                        f"(kept on record for a later kill or reconcile): {exc}"
+                    ) from exc
+            await asyncio.sleep(pause)
+            pause *= 2
+
+    def _release(self, record: Record, *, keep: Path | None = None) -> None:
+        """Undo everything the record says exists, newest first; safe to repeat.
+
+        With ``keep``, the sandbox's folder (its files) is moved there instead of deleted.
+        """
         home = self._home(record.sandbox_id)
         if record.container:
             self._runtime.delete(record.container)
@@ -397,12 +542,20 @@ class OciBackend:
             net = _network.SandboxNetwork.from_record(record.network)
             _network.destroy(net)
             self._addresses.release(net.subnet, self._owner, record.sandbox_id)
+        if record.ids is not None:  # after every process and mount of the sandbox is gone
+            self._ids.release(record.ids, self._owner, record.sandbox_id)
         for controller in _CGROUP_CONTROLLERS:
             with contextlib.suppress(OSError):
                 os.rmdir(f"/sys/fs/cgroup/{controller}/{CGROUP_PARENT}/{record.sandbox_id}")
+        if record.disk:  # after the overlay that writes to it; the image file goes with the folder
+            _disk.release(Path(record.disk), self._layer(record))
         still = _hostfs.mounts_under(home)
         if still:  # never delete through a mount: it could reach a template
             raise BackendError(f"{record.sandbox_id}: still mounted, not deleting: {', '.join(still)}")
+        if keep is not None:
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(home, keep)
+            return
         shutil.rmtree(home, ignore_errors=True)
 
     # -- looking -------------------------------------------------------------------
@@ -435,7 +588,10 @@ class OciBackend:
             )
 
     def _disk(self, record: Record) -> tuple[int, int]:
-        upper = self._home(record.sandbox_id) / "upper"
+        layer = self._layer(record)
+        if record.disk and _hostfs.is_mount(str(layer)):  # the disk's own filesystem counts exactly
+            return _disk.usage(layer)
+        upper = layer / "upper"
         used = _hostfs.tree_bytes(upper)
         limit_mb = _limits(record).disk_mb
         if limit_mb is not None:
@@ -445,12 +601,8 @@ class OciBackend:
 
     def log_tail(self, sandbox_id: str, limit: int = 65536) -> bytes:
         log = self._home(sandbox_id) / "logs" / "sandbox.log"
-        _hostfs.trim(log)
-        try:
-            data = log.read_bytes()
-        except FileNotFoundError:
-            return b""
-        return data[-limit:]
+        _hostfs.trim(log)  # a log from before rotating writers; a rotated one never reaches the limit
+        return _hostfs.read_log(log, limit)
 
     # -- snapshots ------------------------------------------------------------------
 
@@ -467,8 +619,14 @@ class OciBackend:
                     await self._runtime.freeze(record.container)
                 try:
                     building = target.with_name(f".{snapshot_id}.build")
-                    await asyncio.to_thread(_hostfs.copy_tree, self._home(sandbox_id) / "upper", building / "upper")
+                    upper = self._layer(record) / "upper"
+                    previous = self._previous_snapshot(sandbox_id)  # unchanged files are shared with it
+                    await asyncio.to_thread(_sharing.copy_layer, upper, building / "upper", previous)
+                    mapping = self._sandbox_mapping(record)
+                    if mapping is not None:  # 0-based owners: idmapped into each sandbox made from it
+                        await asyncio.to_thread(_idmap.unshift_owners, building / "upper", mapping)
                     manifest = {
+                        "zero_based": mapping is not None,
                         "lowers": record.lowers,
                         "agent_command": record.spec["command"],
                         "source": sandbox_id,
@@ -476,11 +634,21 @@ class OciBackend:
                     }
                     (building / "manifest.json").write_text(json.dumps(manifest, indent=1))
                     os.replace(building, target)
+                    (self._home(sandbox_id) / _LAST_SNAPSHOT).write_text(snapshot_id)
                 finally:
                     if freeze:
                         assert record.container is not None
                         await self._runtime.thaw(record.container)
             return snapshot_id
+
+    def _previous_snapshot(self, sandbox_id: str) -> Path | None:
+        """The writable layer of this sandbox's last snapshot, when it still exists."""
+        try:
+            last = (self._home(sandbox_id) / _LAST_SNAPSHOT).read_text().strip()
+        except FileNotFoundError:
+            return None
+        layer = self._dir / "snapshots" / last / "upper"
+        return layer if last.startswith("snap-") and "/" not in last and layer.is_dir() else None
 
     def snapshot_in_use(self, snapshot_id: str) -> bool:
         needle = str(self._dir / "snapshots" / snapshot_id / "upper")
@@ -530,26 +698,62 @@ class OciBackend:
 
     async def reconcile(self) -> ReconcileReport:
         with _reported("reconciling the sandboxes on record"):
+            await self._thaw_interrupted_snapshots()
             return await asyncio.to_thread(self._reconcile)
 
+    async def _thaw_interrupted_snapshots(self) -> None:
+        """A snapshot freezes a running sandbox while it copies; a crash then leaves it frozen."""
+        for record in self._records():
+            if record.state != State.RUNNING.value or record.container is None or record.releasing:
+                continue
+            async with self._lock(record.sandbox_id):
+                status = await asyncio.to_thread(self._runtime.status, record.container)
+                if status == "paused":
+                    await self._runtime.thaw(record.container)
+
     def _reconcile(self) -> ReconcileReport:
-        adopted, cleaned = [], []
+        adopted: list[str] = []
+        cleaned: list[str] = [*self._remove_partial_snapshots()]
+        stopped: list[str] = []
         known_netns = set()
         kept_subnets: set[tuple[str, str]] = set()
+        kept_ids: set[tuple[int, str]] = set()
+        self._runtime.root.mkdir(parents=True, exist_ok=True)  # a host restart may have emptied it
         for record in self._records():
-            alive = record.container is not None and self._runtime.status(record.container) in ("running", "paused")
-            mounted = _hostfs.is_mount(str(self._home(record.sandbox_id) / "bundle" / "rootfs"))
-            intact_running = record.state in (State.RUNNING.value, State.PAUSED.value) and alive and mounted
-            intact_idle = record.state in (State.CREATED.value, State.STOPPED.value) and mounted and not alive
-            if intact_running or intact_idle:
+            if record.releasing:  # a kill that did not finish: finish it (a failure leaves it on record)
+                try:
+                    self._release(record)
+                    cleaned.append(record.sandbox_id)
+                    continue
+                except (SandboxRuntimeError, OSError, subprocess.SubprocessError) as exc:
+                    _log.warning("releasing %s still fails: %s", record.sandbox_id, exc)
+            else:
+                try:
+                    if self._settle_record(record):
+                        stopped.append(record.sandbox_id)
+                except _UnrecoverableError as exc:
+                    if record.state == State.CREATED.value:
+                        # A create cut short (a crash before its first start): nothing ran in it, so
+                        # no tenant data can be lost. Released, never set aside.
+                        self._release(record)
+                        cleaned.append(record.sandbox_id)
+                    else:
+                        self._quarantine(record, str(exc))
+                    continue
+                except (SandboxRuntimeError, OSError, subprocess.SubprocessError) as exc:
+                    # Kept as it is: a resume fails until the next reconcile re-creates the rest.
+                    _log.warning("re-creating the resources of %s failed: %s", record.sandbox_id, exc)
                 adopted.append(record.sandbox_id)
-                if record.network:
-                    net = _network.SandboxNetwork.from_record(record.network)
-                    known_netns.add(net.netns)
-                    kept_subnets.add((str(net.subnet), record.sandbox_id))
-                continue
-            self._release(record)
-            cleaned.append(record.sandbox_id)
+            if record.network:
+                net = _network.SandboxNetwork.from_record(record.network)
+                known_netns.add(net.netns)
+                kept_subnets.add((str(net.subnet), record.sandbox_id))
+            if record.ids is not None:
+                kept_ids.add((record.ids, record.sandbox_id))
+        for id_lease in self._ids.leases():  # as for addresses below: ours no record holds, a gone folder's
+            mine = id_lease.owner == self._owner
+            if (id_lease.base, id_lease.key) not in kept_ids if mine else not Path(id_lease.owner).is_dir():
+                self._ids.release(id_lease.base, id_lease.owner, id_lease.key)
         others = set()
         for lease in self._addresses.leases():
             if lease.owner == self._owner:  # a lease of ours that no sandbox of ours holds any more
@@ -568,10 +772,143 @@ class OciBackend:
                     _network.destroy(orphan)
                     cleaned.append(netns)
         for leftover in (self._dir / "sandboxes").iterdir():
-            if not (leftover / "record.json").exists():
-                shutil.rmtree(leftover, ignore_errors=True)
+            if not (leftover / "record.json").exists() and not _hostfs.mounts_under(leftover):
+                shutil.rmtree(leftover, ignore_errors=True)  # a create that died before its record
                 cleaned.append(leftover.name)
-        return ReconcileReport(tuple(adopted), tuple(cleaned))
+        return ReconcileReport(tuple(adopted), tuple(cleaned), tuple(stopped), self._failed())
+
+    def _remove_partial_snapshots(self) -> tuple[str, ...]:
+        """A snapshot is copied into ``.snap-*.build`` and renamed when complete: a crash leaves the copy."""
+        removed = []
+        for partial in (self._dir / "snapshots").glob(".snap-*.build"):
+            shutil.rmtree(partial, ignore_errors=True)
+            removed.append(partial.name)
+        return tuple(removed)
+
+    def _settle_record(self, record: Record) -> bool:
+        """Keep an intact sandbox as it is; re-create what one lost. True: its processes were gone."""
+        try:
+            state = State(record.state)
+        except ValueError:
+            raise _UnrecoverableError(f"unknown state {record.state!r} on record") from None
+        status = self._runtime.status(record.container) if record.container else None
+        alive = status in ("running", "paused")
+        mounted = _hostfs.is_mount(str(self._home(record.sandbox_id) / "bundle" / "rootfs"))
+        if state in (State.RUNNING, State.PAUSED) and alive and mounted:
+            return False
+        lost = state in (State.RUNNING, State.PAUSED)
+        if record.container is not None:  # dead, or alive on a root that is gone: its processes end here
+            self._runtime.delete(record.container)
+            record.container = None
+        if lost:  # E2B's nearest is paused: the files are kept, resume boots afresh
+            record.state = State.STOPPED.value
+        self._save(record)
+        self._restore(record)
+        return lost
+
+    def _restore(self, record: Record) -> None:
+        """Re-create what a host restart takes (network, mounts) and the sandbox lacks.
+
+        One idempotent step per resource, in the order create makes them: each looks before it
+        acts, so running it on an intact sandbox changes nothing. A resource added to create gets
+        its step here (a mounted disk image, say, goes before the overlay).
+        """
+        missing = [lower for lower in record.lowers if not os.path.isdir(lower)]
+        if record.disk and not os.path.isfile(record.disk):  # ensuring it would make an empty one
+            missing.append(record.disk)
+        if missing:
+            raise _UnrecoverableError(f"missing {', '.join(missing)}")
+        self._ensure_disk(record)
+        missing = [name for name in ("upper", "work") if not (self._layer(record) / name).is_dir()]
+        if missing:
+            raise _UnrecoverableError(f"missing its writable layer ({', '.join(missing)})")
+        steps = (self._restore_ids, self._restore_network, self._restore_lowers, self._restore_overlay)
+        for step in (*steps, self._restore_bundle):
+            step(record)
+
+    def _restore_ids(self, record: Record) -> None:
+        """Its id range again: the writable layer's files are owned by exactly those host ids."""
+        if record.ids is None or self._mapping is None:
+            return
+        if not self._ids.claim(record.ids, self._owner, record.sandbox_id):
+            raise _UnrecoverableError(f"its id range {record.ids} is leased to another sandbox")
+
+    def _restore_network(self, record: Record) -> None:
+        held = {str(lease.subnet) for lease in self._addresses.leases(self._owner) if lease.key == record.sandbox_id}
+        if record.network is not None:
+            old = _network.SandboxNetwork.from_record(record.network)
+            if str(old.subnet) in held and all(_network.exists(old).values()):
+                return
+            _network.destroy(old)  # what is left of it; missing pieces are fine
+            self._addresses.release(old.subnet, self._owner, record.sandbox_id)
+        # A fresh lease: after a restart the host registry is empty and the old /30 may be another's.
+        net = _network.plan(record.sandbox_id, self._addresses.allocate(self._owner, record.sandbox_id))
+        record.network = net.to_record()
+        self._save(record)  # recorded before it exists
+        _network.create(net, egress=bool(record.spec["egress"]), policy=_policy(record.spec))
+
+    def _mapped(self, record: Record) -> tuple[tuple[str, str | None], ...]:
+        """Each lower and where the overlay sees it: through its idmapped bind (None: as it is), as ``_map_lowers``."""
+        if self._mapping is None:
+            return tuple((lower, None) for lower in record.lowers)
+        home = self._home(record.sandbox_id)
+        return tuple(
+            (lower, str(home / "lowers" / str(index)) if self._idmapped(lower) else None)
+            for index, lower in enumerate(record.lowers)
+        )
+
+    def _restore_lowers(self, record: Record) -> None:
+        mapping = self._sandbox_mapping(record)
+        for lower, target in self._mapped(record):
+            if target is None or _hostfs.is_mount(target):
+                continue
+            assert mapping is not None
+            Path(target).mkdir(parents=True, exist_ok=True)
+            if target not in record.idmapped:
+                record.idmapped.append(target)
+                self._save(record)  # recorded before it exists
+            ns_fd = _idmap.userns_fd(mapping)
+            try:
+                _idmap.idmapped_bind(lower, target, ns_fd)
+            finally:
+                os.close(ns_fd)
+        if mapping is not None:
+            self._own_layer(record, mapping)
+
+    def _restore_overlay(self, record: Record) -> None:
+        home = self._home(record.sandbox_id)
+        rootfs = home / "bundle" / "rootfs"
+        if _hostfs.is_mount(str(rootfs)):
+            return
+        rootfs.mkdir(parents=True, exist_ok=True)
+        record.mounted = True
+        self._save(record)
+        lowers = [target or lower for lower, target in self._mapped(record)]
+        layer = self._layer(record)
+        _hostfs.mount_overlay(lowers, layer / "upper", layer / "work", rootfs)
+
+    def _restore_bundle(self, record: Record) -> None:
+        assert record.network is not None
+        self._write_bundle(record, _network.SandboxNetwork.from_record(record.network))
+
+    def _quarantine(self, record: Record, why: str) -> None:
+        """Release what a sandbox holds but keep its files under ``<state>/quarantine/`` for the operator."""
+        target = self._dir / QUARANTINE / record.sandbox_id
+        if target.exists():
+            target = target.with_name(f"{record.sandbox_id}.{secrets.token_hex(3)}")
+        try:
+            self._release(record, keep=target)
+        except (SandboxRuntimeError, OSError, subprocess.SubprocessError) as exc:
+            _log.error("could not set %s aside (%s): %s", record.sandbox_id, why, exc)
+            return
+        (target / "failed.txt").write_text(f"{why}\n")
+        _log.error("sandbox %s could not be re-created (%s); its files are kept in %s", record.sandbox_id, why, target)
+
+    def _failed(self) -> tuple[str, ...]:
+        folder = self._dir / QUARANTINE
+        if not folder.is_dir():
+            return ()
+        return tuple(sorted({entry.name.split(".")[0] for entry in folder.iterdir() if entry.is_dir()}))
 
 
 def _policy(spec: dict[str, Any]) -> _network.EgressPolicy | None:
@@ -583,12 +920,19 @@ def _limits(record: Record) -> Limits:
     return Limits(**record.spec["limits"])
 
 
+def _disk_mb(record: Record) -> int:
+    return _limits(record).disk_mb or _disk.DEFAULT_MB
+
+
 async def _wait_healthy(url: str, log: Path) -> None:
+    # What answers is the sandbox's to replace (its tenant is root there): each probe ends within a
+    # second however slowly the answer dribbles in, and its body is never read (a 204 has none).
     deadline = time.monotonic() + _HEALTH_TIMEOUT_S
-    async with httpx.AsyncClient(timeout=1.0) as client:
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.TransportError):
-                if (await client.get(url)).status_code == 204:
-                    return
+    async with httpx.AsyncClient(timeout=1.0, trust_env=False) as client:
+        while (left := deadline - time.monotonic()) > 0:
+            with contextlib.suppress(httpx.TransportError, TimeoutError):
+                async with asyncio.timeout(min(1.0, left)), client.stream("GET", url) as response:
+                    if response.status_code == 204:
+                        return
             await asyncio.sleep(0.01)
     raise BackendError(f"the agent did not become healthy within {_HEALTH_TIMEOUT_S:.0f} s: {_hostfs.tail(log)}")

@@ -93,7 +93,7 @@ class Limits:
     cpu_count: int = 2
     memory_mb: int = 512
     pids: int = 1024
-    disk_mb: int | None = None
+    disk_mb: int | None = None  # the sandbox's disk, MiB, enforced by the kernel; None: the backend's default
 
 
 @dataclass(frozen=True)
@@ -125,14 +125,19 @@ class Metrics:
     memory_bytes: int
     memory_limit_bytes: int
     pids: int
-    disk_used_bytes: int = 0  # what the sandbox wrote (its writable layer)
-    disk_total_bytes: int = 0  # what it may write: the disk limit, else the free space of the host filesystem
+    disk_used_bytes: int = 0  # what the sandbox's disk holds (its writable layer)
+    disk_total_bytes: int = 0  # the size of the sandbox's disk, as its filesystem counts it
 
 
 @dataclass(frozen=True)
 class ReconcileReport:
-    adopted: tuple[str, ...]  # sandboxes found intact and kept
+    adopted: tuple[str, ...]  # sandboxes kept (intact, or re-created as stopped)
     cleaned: tuple[str, ...]  # resources released because nothing owned them any more
+    # Kept, but their processes were gone (a host restart): now STOPPED, resume boots them afresh.
+    stopped: tuple[str, ...] = ()
+    # Could not be re-created (a template gone, say): not listed any more, their files kept
+    # aside for the operator (the backend says where); reported by every reconcile until removed.
+    failed: tuple[str, ...] = ()
 
 
 class Backend(Protocol):
@@ -181,5 +186,8 @@ class Backend(Protocol):
         ...
 
     async def reconcile(self) -> ReconcileReport:
-        """After a crash: adopt intact sandboxes, release everything else recorded."""
+        """After a crash or a host restart: keep every recorded sandbox's files, re-create what it can.
+
+        What lost its processes becomes STOPPED; what cannot be re-created is set aside as failed.
+        """
         ...

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -48,7 +49,10 @@ class CrunCommand:
         return [self.executable, "--root", str(self.root), *self.global_args, *args]
 
     async def create(self, bundle: Path, container: str, log: Path) -> None:
-        with log.open("ab") as out:
+        # The container's init inherits crun's stdout and stderr: a pipe to the log's rotating
+        # writer, so a sandbox printing without end holds the host to the log's bounded size.
+        out = await asyncio.to_thread(_hostfs.log_writer, log)
+        try:
             proc = await asyncio.create_subprocess_exec(
                 *self.argv("create", "--bundle", str(bundle), container),
                 stdin=subprocess.DEVNULL,
@@ -59,8 +63,12 @@ class CrunCommand:
                 # every sandbox. Sandboxes outlive the server; startup reconciliation adopts them.
                 start_new_session=True,
             )
-            code = await proc.wait()
+        finally:
+            os.close(out)
+        code = await proc.wait()
         if code != 0:
+            # No container holds the pipe: the writer ends as soon as it has written crun's error.
+            await asyncio.to_thread(_hostfs.wait_log_writer, log, _DELETE_TIMEOUT_S)
             raise BackendError(f"{self.name} create failed for {container}: {_hostfs.tail(log)}")
 
     async def start(self, container: str) -> None:

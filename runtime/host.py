@@ -6,6 +6,12 @@ side ("cgroups in hybrid mode not supported"); mounting a v1 ``hugetlb`` hierarc
 that controller over and crun starts. The fix changes host state, so it is applied only
 when asked (the serve and test set-up ask), and it is said out loud.
 
+Kernel limits charged to host root: inotify instances and watches made in a sandbox are counted
+up the user-namespace tree against the uid that created its namespace, host root, for every
+sandbox alike. Each sandbox's namespace gets a bound of its own (``_oci.INOTIFY_INSTANCES`` and
+``_oci.INOTIFY_WATCHES``); ``prepare`` raises the host's per-user limits, when lower, so that
+``HOST_SANDBOXES`` sandboxes at their bound still leave root (and other sandboxes) room.
+
 ``runtime.backends`` names ``prepare`` as the crun backend's host set-up. Exceptions::
 
     HostNotReadyError   (a runtime.backend.BackendError) what is missing and how to fix it
@@ -19,11 +25,39 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from ._oci import INOTIFY_INSTANCES, INOTIFY_WATCHES
 from .backend import BackendError
 
 __all__ = ["CGROUP_ROOT", "HostNotReadyError", "prepare", "problems"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+SYSCTL_ROOT = Path("/proc/sys")
+HOST_SANDBOXES = 1024  # sandboxes the limits below leave room for, each at its bound (max_sandboxes: 1000)
+_HOST_HEADROOM = 1024  # inotify instances left for the host's own services
+
+
+def host_limits() -> dict[str, int]:
+    """The least each host-wide per-user kernel limit must be (sysctl path under /proc/sys → value)."""
+    return {
+        "fs/inotify/max_user_instances": HOST_SANDBOXES * INOTIFY_INSTANCES + _HOST_HEADROOM,
+        "fs/inotify/max_user_watches": HOST_SANDBOXES * INOTIFY_WATCHES + _HOST_HEADROOM * 64,
+    }
+
+
+def raise_limits(say: Callable[[str], None] = print, root: Path = SYSCTL_ROOT) -> None:
+    """Raise the host's per-user kernel limits to ``host_limits()`` where they are lower; never lower one."""
+    for name, least in host_limits().items():
+        path = root / name
+        try:
+            current = int(path.read_text().split()[0])
+        except (OSError, ValueError, IndexError) as exc:
+            raise HostNotReadyError(f"cannot read {path}: {exc}") from exc
+        if current < least:
+            say(f"raising {name.replace('/', '.')} from {current} to {least} (room for {HOST_SANDBOXES} sandboxes)")
+            try:
+                path.write_text(f"{least}\n")
+            except OSError as exc:
+                raise HostNotReadyError(f"could not raise {path} to {least}: {exc}; set it by hand") from exc
 
 
 class HostNotReadyError(BackendError):
@@ -36,6 +70,7 @@ _PACKAGES = {
     "nftables": "nft",
     "debootstrap": "debootstrap",
     "iproute2": "ip",
+    "e2fsprogs": "/usr/sbin/mkfs.ext4",  # sandbox disks (runtime._disk); not on a non-root PATH
     "debian-archive-keyring": "/usr/share/keyrings/debian-archive-keyring.gpg",
 }
 
@@ -83,6 +118,7 @@ def prepare(say: Callable[[str], None] = print, root: Path = CGROUP_ROOT) -> Non
         except OSError as exc:
             raise HostNotReadyError(f"could not make {root / 'hugetlb'}: {exc}") from exc
         _step(["mount", "-t", "cgroup", "-o", "hugetlb", "cgroup", str(root / "hugetlb")], None, "mount it by hand")
+    raise_limits(say)
     left = problems(root)
     if left:
         raise HostNotReadyError("; ".join(left))

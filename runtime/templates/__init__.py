@@ -24,6 +24,7 @@ from ._kernels import write_lock as write_kernel_lock
 from ._keys import AGENT_COMMAND, INTERPRETER_TEMPLATE, base_layer_key, os_layer_key
 from ._mirror import Mirror, find_debian_mirror
 from ._progress import PlainProgress, Progress, ProgressEvent, RichProgress, default_progress
+from ._users import register_user as register_template_user
 
 __all__ = [
     "AGENT_COMMAND",
@@ -43,6 +44,7 @@ __all__ = [
     "list_templates",
     "os_layer_key",
     "prune_templates",
+    "register_template_user",
     "templates_dir",
     "write_kernel_lock",
 ]

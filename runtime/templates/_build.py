@@ -41,6 +41,7 @@ from . import _kernels, _keys
 from ._commands import CHROOT_ENV, TemplateError, disk_usage, in_root, remove_tree, replace_file, run
 from ._mirror import Mirror, find_debian_mirror
 from ._progress import Progress, ProgressEvent, default_progress, step
+from ._users import lowers_in_use
 
 __all__ = ["METADATA", "TEMPLATE_NAMES", "Template", "ensure_template", "list_templates", "templates_dir"]
 
@@ -415,13 +416,25 @@ def _in_use(template: Template) -> bool:
     return str(template.rootfs) in mounts
 
 
+def _named(template: Template, lowers: set[str]) -> bool:
+    """True when one of ``lowers`` (real paths) lies in the template's folder."""
+    folder = os.path.realpath(template.path)
+    return any(lower == folder or lower.startswith(folder + os.sep) for lower in lowers)
+
+
 def prune_templates(cache_root: Path | None = None, *, keep: int) -> list[Path]:
     """Remove all but the ``keep`` newest templates of each name built from the sources.
 
     Every code change gives a new ``base`` (~360 MB) and ``code-interpreter-v1`` (~700 MB),
-    so without pruning the cache only grows. Templates still mounted are skipped. The
-    ``os`` layer is kept: it rarely changes and is the slow one to build.
+    so without pruning the cache only grows. Templates still mounted are skipped, and so is
+    every template a sandbox record or snapshot manifest of a registered backend names as a
+    lower (``_users``: stopped sandboxes and snapshots mount nothing); when that cannot be
+    read, nothing is pruned. The ``os`` layer is kept: it rarely changes and is the slow one
+    to build.
     """
+    in_use = lowers_in_use(templates_dir(cache_root))
+    if in_use is None:
+        return []
     doomed_ones: list[Template] = []
     for name in TEMPLATE_NAMES[1:]:
         built = [t for t in list_templates(cache_root) if t.name == name]
@@ -429,7 +442,7 @@ def prune_templates(cache_root: Path | None = None, *, keep: int) -> list[Path]:
         doomed_ones.extend(built[keep:])
     removed = []
     for template in doomed_ones:
-        if _in_use(template):
+        if _in_use(template) or _named(template, in_use):
             continue
         doomed = template.path.with_name(f".{template.path.name}.prune")
         os.replace(template.path, doomed)  # gone from the cache at once; deleted below

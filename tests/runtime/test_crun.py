@@ -8,6 +8,7 @@ The lifecycle conformance of crun is the shared state machine's (test_backend_co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -27,7 +28,7 @@ import pytest
 from contract.generated.process import process_connect
 from contract.generated.process import process_pb2 as ppb
 from contract.protocol import ENVD_PORT
-from runtime import _network
+from runtime import _hostfs, _network
 from runtime.backend import Limits, SandboxSpec, State, TransitionError
 from runtime.crun import CGROUP_PARENT, CrunBackend
 from runtime.host import prepare as prepare_host
@@ -228,9 +229,75 @@ def test_reconcile_after_a_crash(state_dir: Path) -> None:
     second = CrunBackend(state_dir)  # a new server process
     report = run(second.reconcile())
     assert "rc1" in report.adopted
-    assert "rc2" in report.cleaned
-    assert [i.sandbox_id for i in run(second.list())] == ["rc1"]
+    # Its files are never deleted: what the record names is made again, the dead container dropped.
+    assert "rc2" in report.adopted
+    assert _hostfs.is_mount(str(state_dir / "sandboxes" / "rc2" / "bundle" / "rootfs"))
+    assert second._record("rc2").container is None
+    assert {i.sandbox_id: i.state for i in run(second.list())} == {"rc1": State.RUNNING, "rc2": State.CREATED}
     assert run(second.kill("rc1"))
+    assert run(second.kill("rc2"))
+
+
+def _reboot(backend: CrunBackend, ids: list[str]) -> None:
+    """What a host restart does to these sandboxes (and nothing else's): processes, mounts, networks,
+    the runtime's state and the host registries' leases (in /run) all gone; the files stay."""
+    for sandbox_id in ids:
+        record = backend._record(sandbox_id)
+        if record.container:
+            backend._runtime.delete(record.container)  # its processes die
+            shutil.rmtree(backend._runtime.root / record.container, ignore_errors=True)
+        for mount_point in reversed(_hostfs.mounts_under(backend._home(sandbox_id))):
+            subprocess.run(["umount", "-l", mount_point], check=True)
+        assert record.network is not None
+        net = _network.SandboxNetwork.from_record(record.network)
+        _network.destroy(net)
+        backend._addresses.release(net.subnet, backend._owner, sandbox_id)
+        if record.ids is not None:
+            backend._ids.release(record.ids, backend._owner, sandbox_id)
+
+
+def test_a_host_restart_keeps_sandboxes_and_their_files(state_dir: Path) -> None:
+    first = CrunBackend(state_dir)
+    hosts = {name: started(first, name) for name in ("rb1", "rb2")}
+    for name, host in hosts.items():
+        assert shell(host, f"echo kept-by-{name} > /home/user/note.txt")[0] == 0
+    run(first.pause("rb2", memory=True))
+    _reboot(first, list(hosts))
+    second = CrunBackend(state_dir)  # the server's next start
+    report = run(second.reconcile())
+    assert set(report.stopped) == {"rb1", "rb2"}, "their processes ended with the host"
+    assert report.failed == ()
+    for name in hosts:
+        assert run(second.inspect(name)).state is State.STOPPED
+        info = run(second.resume(name))  # boots afresh on the kept files, network and mounts made again
+        assert info.host is not None
+        assert shell(info.host, "cat /home/user/note.txt") == (0, f"kept-by-{name}\n".encode(), b"")
+        assert run(second.kill(name))
+    assert _leftovers(state_dir, list(hosts)) == []
+
+
+def test_reconcile_thaws_a_sandbox_a_crashed_snapshot_left_frozen(state_dir: Path) -> None:
+    first = CrunBackend(state_dir)
+    host = started(first, "sn1")
+    container = first._record("sn1").container
+    assert container is not None
+    run(first._runtime.freeze(container))  # the server died while the copy ran
+    partial = state_dir / "snapshots" / ".snap-00000000deadbeef.build"
+    (partial / "upper").mkdir(parents=True)
+    report = run(CrunBackend(state_dir).reconcile())
+    assert "sn1" in report.adopted
+    assert not partial.exists()
+    assert first._runtime.status(container) == "running"
+    assert shell(host, "echo thawed")[1] == b"thawed\n"
+    assert run(first.kill("sn1"))
+
+
+def _command_lines() -> list[str]:
+    lines = []
+    for proc in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            lines.append(proc.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+    return lines
 
 
 def _leftovers(state_dir: Path, ids: list[str]) -> list[str]:
@@ -244,6 +311,11 @@ def _leftovers(state_dir: Path, ids: list[str]) -> list[str]:
                 found.append(f"{controller} cgroup of {sandbox_id}")
         if (state_dir / "sandboxes" / sandbox_id).exists():
             found.append(f"directory of {sandbox_id}")
+        loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=False).stdout
+        if f"/sandboxes/{sandbox_id}/" in loops:
+            found.append(f"loop device of {sandbox_id}")
+        if any(f"/sandboxes/{sandbox_id}/logs/" in cmdline for cmdline in _command_lines()):
+            found.append(f"log writer of {sandbox_id}")
         net = _network.plan(sandbox_id, _network.AddressPool().allocate(set()))
         if any(_network.exists(net).values()):
             found.append(f"network of {sandbox_id}")
@@ -291,9 +363,11 @@ def test_sandbox_root_is_unprivileged_on_the_host(backend: CrunBackend, state_di
     )
     init_pid = json.loads(state.stdout)["pid"]
     uids = next(line for line in Path(f"/proc/{init_pid}/status").read_text().splitlines() if line.startswith("Uid:"))
-    assert uids.split()[1:] == ["100000"] * 4, "root inside is uid 100000 outside"
-    written = state_dir / "sandboxes" / "uid1" / "upper" / "root" / "made-by-root"
-    assert (written.stat().st_uid, written.stat().st_gid) == (100000, 100000)
+    base = backend._record("uid1").ids  # the first id of the sandbox's own range (runtime._idranges)
+    assert base is not None
+    assert uids.split()[1:] == [str(base)] * 4, "root inside is the first id of the sandbox's range outside"
+    written = state_dir / "sandboxes" / "uid1" / "disk" / "upper" / "root" / "made-by-root"
+    assert (written.stat().st_uid, written.stat().st_gid) == (base, base)
 
 
 def test_network_policy_is_applied_and_updated(backend: CrunBackend) -> None:
@@ -330,3 +404,71 @@ def test_sandboxes_outlive_a_signal_to_the_callers_process_group(backend: CrunBa
     assert os.getsid(init_pid) != os.getsid(0)
     assert os.getpgid(init_pid) != os.getpgid(0)
     run(backend.kill("sess1"))
+
+
+def test_a_full_disk_is_enospc_inside_and_never_reaches_the_host(backend: CrunBackend, state_dir: Path) -> None:
+    """The disk limit is the kernel's: dd ends with ENOSPC, an upload gets 507, neighbours still write."""
+    small_disk = Limits(cpu_count=1, memory_mb=256, pids=128, disk_mb=64)
+    full, neighbour = started(backend, "dk1", limits=small_disk), started(backend, "dk2", limits=small_disk)
+    host_free = os.statvfs(state_dir)
+    before = host_free.f_bavail * host_free.f_frsize
+    code, _, err = shell(full, "dd if=/dev/zero of=/home/user/big bs=1M count=400 conv=fsync")
+    host_free = os.statvfs(state_dir)
+    grown = before - host_free.f_bavail * host_free.f_frsize
+    assert code != 0
+    assert b"No space left on device" in err
+    assert grown < 200 << 20, f"the host lost {grown >> 20} MiB to a 64 MiB disk"  # others write too: no tighter
+    metrics = run(backend.metrics("dk1"))
+    assert 56 << 20 < metrics.disk_total_bytes <= 64 << 20
+    assert metrics.disk_used_bytes > metrics.disk_total_bytes - (4 << 20)
+    upload = httpx.post(
+        f"http://{full}:{ENVD_PORT}/files",
+        params={"path": "/home/user/upload", "username": "user"},
+        content=b"u" * (8 << 20),
+        headers={"content-type": "application/octet-stream"},
+        timeout=30,
+    )
+    assert upload.status_code == 507, upload.text
+    assert upload.json()["code"] == 507
+    assert shell(neighbour, "head -c 8M /dev/zero > /home/user/f && stat -c %s /home/user/f")[1] == b"8388608\n"
+    shell(full, "rm /home/user/big")
+    assert shell(full, "echo fits > /home/user/small && cat /home/user/small")[1] == b"fits\n", "space comes back"
+    run(backend.kill("dk1"))
+    run(backend.kill("dk2"))
+
+
+def test_the_log_stays_bounded_while_a_sandbox_prints(backend: CrunBackend, state_dir: Path) -> None:
+    host = started(backend, "lg1")
+    logs = state_dir / "sandboxes" / "lg1" / "logs"
+    # /proc/1/fd/1 is the init's stdout: what reaches the sandbox's log.
+    code, _, err = shell(
+        host, "head -c 37500000 /dev/zero | base64 -w 99 >> /proc/1/fd/1 && echo the-last-line >> /proc/1/fd/1"
+    )
+    assert code == 0, err
+    deadline = time.monotonic() + 10
+    while b"the-last-line" not in _hostfs.read_log(logs / "sandbox.log", 64) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    held = sum(part.stat().st_size for part in logs.iterdir())  # before log_tail, which trims old logs
+    assert held < _hostfs.LOG_LIMIT, f"{held} bytes of log kept for 50 MB printed"
+    assert backend.log_tail("lg1").endswith(b"the-last-line\n")
+    assert run(backend.inspect("lg1")).state is State.RUNNING
+    run(backend.kill("lg1"))
+
+
+def test_snapshots_share_unchanged_files(backend: CrunBackend, state_dir: Path) -> None:
+    host = started(backend, "sh1")
+    shell(host, "head -c 8M /dev/urandom > /home/user/kept && echo one > /home/user/changed && rm /etc/issue")
+    time.sleep(2.5)  # older than the sharing margin (runtime._sharing): ctime alone then tells changes apart
+    first = run(backend.snapshot("sh1"))
+    shell(host, "echo two > /home/user/changed")
+    second = run(backend.snapshot("sh1"))
+    layers = [state_dir / "snapshots" / snapshot / "upper" / "home" / "user" for snapshot in (first, second)]
+    assert (layers[0] / "kept").stat().st_ino == (layers[1] / "kept").stat().st_ino, "8 MiB stored once"
+    assert [(layer / "changed").read_text() for layer in layers] == ["one\n", "two\n"]
+    run(backend.kill("sh1"))
+    restored = started(backend, "sh2", template=second)
+    seen = shell(restored, "cat /home/user/changed; test -e /etc/issue || echo whiteout-kept")[1]
+    assert seen == b"two\nwhiteout-kept\n"
+    run(backend.kill("sh2"))
+    assert run(backend.delete_snapshot(second))
+    assert run(backend.delete_snapshot(first))

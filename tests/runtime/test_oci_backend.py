@@ -1,6 +1,6 @@
 """The shared OCI backend without root: an in-memory container runtime, faults injected at the host seams.
 
-The host's network and overlay mounts are replaced by stand-ins (``no_host``), so what is tested is
+The host's network, overlay mounts and disks are replaced by stand-ins (``no_host``), so what is tested is
 ``OciBackend`` itself: that it keeps the lifecycle with any ``ContainerRuntime`` (the shared state
 machine, through the backend table), and that every failure below it comes out as a ``BackendError``
 saying what failed. Real sandboxes on crun are test_crun.py's.
@@ -9,6 +9,7 @@ saying what failed. Real sandboxes on crun are test_crun.py's.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from runtime import _addresses, _hostfs, _idmap, _network, _oci_backend
+from runtime import _addresses, _disk, _hostfs, _idmap, _network, _oci_backend
 from runtime._oci_backend import OciBackend
 from runtime.backend import BackendError, SandboxSpec, State, TransitionError
 from runtime.backends import BACKENDS, BackendEntry, BackendOptions, open_backend
@@ -99,8 +100,23 @@ def no_host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for name in ("ensure_host_firewall", "create", "destroy", "set_policy"):
         monkeypatch.setattr(_network, name, nothing)
     monkeypatch.setattr(_network, "list_owned", lambda prefix=_network.NETNS_PREFIX: [])
-    monkeypatch.setattr(_hostfs, "mount_overlay", nothing)
+    mounted: set[str] = set()  # the overlay mounts, as the backend sees them through _hostfs.is_mount
+
+    def mount_overlay(lowers: list[str], upper: Path, work: Path, target: Path) -> None:
+        mounted.add(str(target))
+
+    def ensure_disk(image: Path, mount_point: Path, size_mb: int) -> None:
+        image.touch()
+        mount_point.mkdir(exist_ok=True)
+
+    monkeypatch.setattr(_hostfs, "mount_overlay", mount_overlay)
+    monkeypatch.setattr(_hostfs, "unmount", mounted.discard)
+    monkeypatch.setattr(_hostfs, "is_mount", lambda path: path.rstrip("/") in mounted)
+    monkeypatch.setattr(_hostfs, "mount_sysfs", nothing)
+    monkeypatch.setattr(_disk, "ensure", ensure_disk)
+    monkeypatch.setattr(_disk, "release", nothing)
     monkeypatch.setattr(_oci_backend, "_wait_healthy", healthy)
+    monkeypatch.setattr(_oci_backend, "_KILL_BACKOFF_S", 0.0)  # a failing kill retries at once
     # The address registry of this test alone, not the host's.
     monkeypatch.setattr(_addresses, "DEFAULT_REGISTRY", tmp_path / "addresses")
     monkeypatch.setattr(_addresses, "host_networks", list)
@@ -172,6 +188,27 @@ def test_a_mount_failure_surfaces_as_backend_error(backend: MemoryOciBackend, mo
     assert run(backend.list()) == []
 
 
+def test_the_disk_is_on_record_before_it_is_made_and_released_after_a_failure(
+    backend: MemoryOciBackend, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    seen: list[str | None] = []
+    released: list[Path] = []
+
+    def disk_full(image: Path, mount_point: Path, size_mb: int) -> None:
+        seen.append(_oci_backend.Record.load(image.parent / "record.json").disk)  # what a crash here leaves
+        assert size_mb == _disk.DEFAULT_MB, "no disk size asked for: the default"
+        raise OSError(28, "No space left on device", str(image))
+
+    monkeypatch.setattr(_disk, "ensure", disk_full)
+    monkeypatch.setattr(_disk, "release", lambda image, mount_point: released.append(image))
+    with pytest.raises(BackendError, match=r"^creating sandbox d1: .*No space left"):
+        run(backend.create(spec("d1")))
+    image = tmp_path / "state" / "sandboxes" / "d1" / "disk.img"
+    assert seen == [str(image)]
+    assert released == [image]
+    assert run(backend.list()) == []
+
+
 def test_a_runtime_failure_changes_nothing(backend: MemoryOciBackend) -> None:
     run(backend.create(spec("rt1")))
     backend.runtime.fail["start"] = OSError(5, "Input/output error")
@@ -234,7 +271,7 @@ def test_opening_a_backend_on_a_host_that_cannot_run_it_is_a_backend_error(
         raise _network.NetworkError("nft not found: install the Debian package nftables")
 
     monkeypatch.setattr(_network, "ensure_host_firewall", no_firewall)
-    monkeypatch.setattr(_idmap, "userns_fd", lambda mapping: -1)
+    monkeypatch.setattr(_idmap, "userns_fd", lambda mapping: os.open(os.devnull, os.O_RDONLY))
     options = BackendOptions(state_dir=tmp_path / "state")
     # pytest's temporary folders are private (0700): the sandbox's unprivileged root could not reach them.
     with pytest.raises(BackendError, match="not searchable by other users"):
@@ -311,3 +348,166 @@ def test_reconcile_ends_the_leases_of_a_backend_whose_folder_is_gone(
     mine = MemoryOciBackend(tmp_path / "mine", templates=[template])
     run(mine.reconcile())
     assert registry.leases() == []
+
+
+# -- faults: a host restart, a failing kill, a crash during a snapshot ------------------------------
+
+
+def _restart_host(backend: MemoryOciBackend, tmp_path: Path) -> None:
+    """What a reboot leaves: no processes, no mounts, an empty /run (the address registry)."""
+    backend.runtime.containers.clear()
+    for record in backend._records():
+        _hostfs.unmount(str(backend._home(record.sandbox_id) / "bundle" / "rootfs"))
+    for registry in (tmp_path / "addresses").glob("*.json"):
+        registry.unlink()
+
+
+def _upper(backend: OciBackend, sandbox_id: str) -> Path:
+    return backend._layer(backend._record(sandbox_id)) / "upper"
+
+
+def test_a_host_restart_keeps_every_sandbox_and_its_files(backend: MemoryOciBackend, tmp_path: Path) -> None:
+    for name in ("run1", "mem1", "fs1", "new1"):
+        run(backend.create(spec(name)))
+    for name in ("run1", "mem1", "fs1"):
+        run(backend.start(name))
+        (_upper(backend, name) / "note.txt").write_text(f"written in {name}\n")
+    run(backend.pause("mem1", memory=True))
+    run(backend.pause("fs1", memory=False))
+    _restart_host(backend, tmp_path)
+    report = run(backend.reconcile())
+    assert report.stopped == ("mem1", "run1"), "their processes ended with the host"
+    assert set(report.adopted) == {"run1", "mem1", "fs1", "new1"}
+    assert report.failed == ()
+    assert {i.sandbox_id: i.state for i in run(backend.list())} == {
+        "run1": State.STOPPED,
+        "mem1": State.STOPPED,
+        "fs1": State.STOPPED,
+        "new1": State.CREATED,
+    }
+    leases = {lease.key for lease in _addresses.AddressRegistry().leases(backend._owner)}
+    assert leases == {"run1", "mem1", "fs1", "new1"}, "each got a fresh lease"
+    for name in ("run1", "mem1", "fs1"):
+        assert _hostfs.is_mount(str(backend._home(name) / "bundle" / "rootfs")), "the overlay is mounted again"
+        assert run(backend.resume(name)).state is State.RUNNING
+        assert (_upper(backend, name) / "note.txt").read_text() == f"written in {name}\n"
+    assert run(backend.start("new1")).state is State.RUNNING
+
+
+def _with_doomed_template(tmp_path: Path, template: Template) -> tuple[MemoryOciBackend, Path]:
+    """A backend serving one more template, whose rootfs the test then removes."""
+    rootfs = tmp_path / "doomed" / "rootfs"
+    rootfs.mkdir(parents=True)
+    doomed = Template("doomed", "d" * 64, rootfs.parent, rootfs, ("/bin/agent",))
+    return MemoryOciBackend(tmp_path / "state", templates=[template, doomed]), rootfs
+
+
+def test_a_sandbox_that_cannot_be_recreated_is_set_aside_with_its_files(
+    tmp_path: Path, no_host: None, template: Template
+) -> None:
+    oci, rootfs = _with_doomed_template(tmp_path, template)
+    run(oci.create(SandboxSpec("lost1", "doomed")))
+    run(oci.start("lost1"))
+    (_upper(oci, "lost1") / "work.txt").write_text("keep me\n")
+    _restart_host(oci, tmp_path)
+    rootfs.rmdir()  # its template is gone
+    report = run(oci.reconcile())
+    assert report.failed == ("lost1",)
+    assert run(oci.list()) == []
+    kept = tmp_path / "state" / _oci_backend.QUARANTINE / "lost1"
+    assert "doomed/rootfs" in (kept / "failed.txt").read_text()
+    assert [p.read_text() for p in kept.rglob("work.txt")] == ["keep me\n"]
+    assert _addresses.AddressRegistry().leases() == []
+    assert run(oci.reconcile()).failed == ("lost1",), "reported until the operator removes it"
+
+
+def test_a_create_cut_short_that_cannot_be_recreated_is_released_not_set_aside(
+    tmp_path: Path, no_host: None, template: Template
+) -> None:
+    """Never started, so nothing of a tenant's is in it: a crash mid-create leaves no quarantined folder."""
+    oci, rootfs = _with_doomed_template(tmp_path, template)
+    run(oci.create(SandboxSpec("cut1", "doomed")))  # created, never started (the server died here)
+    _restart_host(oci, tmp_path)
+    rootfs.rmdir()
+    report = run(oci.reconcile())
+    assert report.failed == ()
+    assert "cut1" in report.cleaned
+    assert not (tmp_path / "state" / _oci_backend.QUARANTINE / "cut1").exists()
+    assert not (tmp_path / "state" / "sandboxes" / "cut1").exists()
+    assert _addresses.AddressRegistry().leases() == []
+
+
+def test_a_failing_kill_is_retried_and_never_forgets_the_sandbox(
+    backend: MemoryOciBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run(backend.create(spec("k1")))
+    run(backend.start("k1"))
+    real_delete, calls = backend.runtime.delete, []
+
+    def flaky(container: str) -> None:
+        calls.append(container)
+        if len(calls) < 3:
+            raise BackendError("crun delete: Device or resource busy")
+        real_delete(container)
+
+    monkeypatch.setattr(backend.runtime, "delete", flaky)
+    assert run(backend.kill("k1")) is True
+    assert len(calls) == 3, "two failures, then the third attempt released it"
+    assert run(backend.list()) == []
+
+    run(backend.create(spec("k2")))
+    run(backend.start("k2"))
+    backend.runtime.fail["delete"] = BackendError("crun delete: Device or resource busy")
+    with pytest.raises(BackendError, match=r"^killing sandbox k2: releasing it failed 4 times"):
+        run(backend.kill("k2"))
+    assert backend._record("k2").releasing, "kept on record, marked for release"
+    report = run(backend.reconcile())
+    assert "k2" not in report.adopted, "a half-killed sandbox is never brought back"
+    assert backend._record("k2").releasing
+    del backend.runtime.fail["delete"]
+    assert "k2" in run(backend.reconcile()).cleaned
+    assert run(backend.list()) == []
+
+
+def test_reconcile_after_a_crash_during_a_snapshot(backend: MemoryOciBackend) -> None:
+    """A crash while the copy runs: the sandbox stays frozen and a partial copy stays behind."""
+    run(backend.create(spec("s1")))
+    run(backend.start("s1"))
+    container = backend._record("s1").container
+    assert container is not None
+    run(backend.runtime.freeze(container))
+    partial = backend._dir / "snapshots" / ".snap-0123456789abcdef.build"
+    (partial / "upper").mkdir(parents=True)
+    report = run(backend.reconcile())
+    assert backend.runtime.status(container) == "running", "thawed"
+    assert run(backend.inspect("s1")).state is State.RUNNING
+    assert report.adopted == ("s1",)
+    assert report.stopped == ()
+    assert not partial.exists()
+    assert partial.name in report.cleaned
+
+
+def test_a_memory_paused_sandbox_stays_frozen_through_reconcile(backend: MemoryOciBackend) -> None:
+    run(backend.create(spec("p1")))
+    run(backend.start("p1"))
+    run(backend.pause("p1", memory=True))
+    run(backend.reconcile())
+    assert run(backend.inspect("p1")).state is State.PAUSED
+    container = backend._record("p1").container
+    assert container is not None
+    assert backend.runtime.status(container) == "paused"
+
+
+def test_a_backend_registers_as_a_user_of_its_templates(tmp_path: Path, no_host: None) -> None:
+    from runtime.templates._users import lowers_in_use
+
+    cache = tmp_path / "cache" / "templates"
+    rootfs = cache / "base-0000000000000000" / "rootfs"
+    rootfs.mkdir(parents=True)
+    oci = MemoryOciBackend(tmp_path / "state", templates=[Template("base", "0" * 64, rootfs.parent, rootfs, ("a",))])
+    served = {os.path.realpath(rootfs)}
+    assert lowers_in_use(cache) == served, "served by this live process, before any sandbox uses it"
+    run(oci.create(SandboxSpec("u1", "base")))
+    assert lowers_in_use(cache) == served
+    run(oci.kill("u1"))
+    assert lowers_in_use(cache) == served
