@@ -171,7 +171,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "server/create/timeout-ignored",
         CONTROL,
-        'timeout_s=int(body.get("timeout", default_timeout)),',
+        'timeout_s=_integer(body, "timeout", default_timeout),',
         "timeout_s=default_timeout,",
         "the create request's timeout is ignored (v1: 15 s, v2: 300 s)",
         (CREATE, f"{PAUSE_MEMORY}@js"),
@@ -380,8 +380,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "agent/files/mode-0600",
         "runtime/agent/_files.py",
-        "os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)",
-        "os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)",
+        "fd = os.open(path, flags, 0o666)",
+        "fd = os.open(path, flags, 0o600)",
         "uploaded files are created 0600 instead of 0666 less the umask (0644)",
         (LIST_STAT,),
     ),
@@ -431,8 +431,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "agent/fs/list-reversed",
         FILESYSTEM,
-        "names = sorted(os.listdir(real_dir), key=os.fsencode)",
-        "names = sorted(os.listdir(real_dir), key=os.fsencode, reverse=True)",
+        "return iter(sorted(os.listdir(real_dir), key=os.fsencode))",
+        "return iter(sorted(os.listdir(real_dir), key=os.fsencode, reverse=True))",
         "ListDir lists each folder in reverse name order",
         (LIST_STAT,),
     ),
@@ -548,11 +548,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "agent/files/download-loses-a-chunk",
         "runtime/agent/_files.py",
-        "        while chunk := os.read(fd, CHUNK):\n            yield chunk\n",
-        "        skipped = False\n        while chunk := os.read(fd, CHUNK):\n"
-        "            if not skipped and len(chunk) == CHUNK:\n"
-        "                skipped = True\n                continue\n"
-        "            yield chunk\n",
+        "        while chunk:\n            yield chunk\n",
+        "        skipped = False\n        while chunk:\n"
+        "            if skipped or len(chunk) < READ_CHUNK:\n"
+        "                yield chunk\n"
+        "            skipped = True\n",
         "a download leaves out its first full chunk (a file larger than one chunk comes back short)",
         ("envd/files/size-classes",),
     ),

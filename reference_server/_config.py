@@ -99,6 +99,7 @@ class ServerConfig:
     owner: str = _setting("default", "Owner of the API key made on first start.")
     cpu_count: int = _setting(2, "vCPUs of a sandbox.")
     memory_mb: int = _setting(512, "Memory of a sandbox, MiB.")
+    disk_mb: int = _setting(2048, "Disk of a sandbox, MiB: a full disk is ENOSPC inside it (507 on upload).")
     max_timeout_seconds: int = _setting(
         UPSTREAM_MAX_TIMEOUT_SECONDS, "Longest sandbox timeout a request may ask for (E2B caps it at 24 h)."
     )
@@ -110,6 +111,26 @@ class ServerConfig:
         "true: each sandbox's own setting decides.",
     )
     log_level: str = _setting("info", f"One of {', '.join(LOG_LEVELS)}.")
+    request_head_timeout_seconds: float = _setting(
+        10.0, "A client connection is dropped if its TLS handshake and request head take longer, seconds."
+    )
+    max_connections: int = _setting(
+        0, "Open client connections at most; more are closed at once. 0: derived from the open-file limit."
+    )
+    max_websockets: int = _setting(2048, "Open WebSockets to sandboxes at most; more are refused with 503.")
+    sandbox_max_requests: int = _setting(
+        256, "Concurrent proxied HTTP requests to one sandbox at most; more are refused with 429."
+    )
+    sandbox_max_websockets: int = _setting(128, "Open WebSockets to one sandbox at most; more are refused with 429.")
+    owner_max_running: int = _setting(
+        100, "Sandboxes one owner may have running (paused ones do not count); more are refused with 429."
+    )
+    owner_create_rate: float = _setting(5.0, "Creates per second one owner may make on average; more get 429.")
+    owner_create_burst: int = _setting(100, "Creates one owner may make at once before the rate applies.")
+    max_sandboxes: int = _setting(1000, "Sandboxes of all owners, running and paused, at most; more get 429.")
+    memory_overcommit: float = _setting(
+        4.0, "Running sandboxes' memory together stays within the host's MemTotal times this; more get 429."
+    )
 
     def __post_init__(self) -> None:
         for item in dataclasses.fields(self):
@@ -156,6 +177,18 @@ def _seconds_in(low: float, high: float) -> Callable[[object], float]:
         number = float(value)
         if not math.isfinite(number) or not low <= number <= high:
             raise ValueError(f"must be {low:g}..{high:g} seconds, got {value}")
+        return number
+
+    return check
+
+
+def _number_in(low: float, high: float) -> Callable[[object], float]:
+    def check(value: object) -> float:
+        _check_type(value, (int, float))
+        assert isinstance(value, int | float)
+        number = float(value)
+        if not math.isfinite(number) or not low <= number <= high:
+            raise ValueError(f"must be {low:g}..{high:g}, got {value}")
         return number
 
     return check
@@ -259,11 +292,22 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "owner": _check_owner,
     "cpu_count": _int_in(1, 1024),
     "memory_mb": _int_in(64, 4 * 1024 * 1024),
+    "disk_mb": _int_in(16, 16 * 1024 * 1024),  # runtime._disk.MIN_MB: ext4's own structures need a few MiB
     "max_timeout_seconds": _int_in(1, _LONGEST_TIMEOUT_SECONDS),
     "reaper_interval_seconds": _seconds_in(0.01, 3600),
     "metrics_interval_seconds": _seconds_in(0.1, 3600),
     "egress_enabled": _check_bool,
     "log_level": _one_of(LOG_LEVELS, fold=True),
+    "request_head_timeout_seconds": _seconds_in(0.1, 600),
+    "max_connections": _int_in(0, 1_000_000),
+    "max_websockets": _int_in(1, 1_000_000),
+    "sandbox_max_requests": _int_in(1, 1_000_000),
+    "sandbox_max_websockets": _int_in(1, 1_000_000),
+    "owner_max_running": _int_in(1, 1_000_000),
+    "owner_create_rate": _number_in(0.001, 1_000_000),
+    "owner_create_burst": _int_in(1, 1_000_000),
+    "max_sandboxes": _int_in(1, 1_000_000),
+    "memory_overcommit": _number_in(0.01, 1000),
 }
 _FIELD_TYPES: dict[str, str] = {
     "data_dir": "path",
@@ -276,11 +320,22 @@ _FIELD_TYPES: dict[str, str] = {
     "owner": "str",
     "cpu_count": "int",
     "memory_mb": "int",
+    "disk_mb": "int",
     "max_timeout_seconds": "int",
     "reaper_interval_seconds": "float",
     "metrics_interval_seconds": "float",
     "egress_enabled": "bool",
     "log_level": "str",
+    "request_head_timeout_seconds": "float",
+    "max_connections": "int",
+    "max_websockets": "int",
+    "sandbox_max_requests": "int",
+    "sandbox_max_websockets": "int",
+    "owner_max_running": "int",
+    "owner_create_rate": "float",
+    "owner_create_burst": "int",
+    "max_sandboxes": "int",
+    "memory_overcommit": "float",
 }
 FIELDS: tuple[str, ...] = tuple(item.name for item in dataclasses.fields(ServerConfig))
 

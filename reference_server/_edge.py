@@ -7,6 +7,7 @@ request to the proxy, which streams it both ways. Refusals are the upstream ones
 - a malformed or foreign host: the router's 400/404 with ``{"code","message"}``;
 - a sandbox that does not exist, was killed or is paused (without auto-resume): **502**. The
   clients' ``is_running()`` reads exactly that status from envd's ``/health`` as "not running";
+- a sandbox that already has its share of requests or WebSockets in flight: the proxy's **429**;
 - a user port of a sandbox created with ``allowPublicTraffic: false`` without the right
   ``E2B-Traffic-Access-Token``: 403. envd's own port is exempt: envd checks ``X-Access-Token``
   itself, and the two tokens are separate scopes (a traffic token is never an envd token).
@@ -83,9 +84,8 @@ class Edge:
                 return
         if target.mask_request_host is not None and where.port != ENVD_PORT:
             scope = _with_host(scope, target.mask_request_host.replace("${PORT}", str(where.port)))
-        await self._proxy.forward(
-            scope, receive, send, Upstream(target.host, where.port), drop_request_headers={TRAFFIC_HEADER}
-        )
+        upstream = Upstream(target.host, where.port, sandbox_id=where.sandbox_id)
+        await self._proxy.forward(scope, receive, send, upstream, drop_request_headers={TRAFFIC_HEADER})
 
 
 def _with_host(scope: Scope, host: str) -> Scope:

@@ -20,7 +20,12 @@ address; the proxy only moves bytes and never looks inside them.
   upstream chose and close codes carried both ways.
 
 Connections to sandboxes are pooled and kept alive across requests; ``max_connections`` bounds
-the pool, and separately the number of open WebSockets.
+the pool, ``max_websockets`` the open WebSockets. The pool is shared, so each sandbox gets a share:
+at most ``sandbox_max_requests`` requests in flight (each holds one pooled connection while it
+lasts) and ``sandbox_max_websockets`` WebSockets. One more is refused at once with **429**
+``{"code": 429, ...}``, which both clients read as a rate limit (envd HTTP status and Connect
+``resource_exhausted`` alike), rather than queued: a sandbox with many slow streams then never
+holds the connections other sandboxes need.
 """
 
 from __future__ import annotations
@@ -92,6 +97,11 @@ class Upstream:
 
     host: str  # IPv4/IPv6 literal or name
     port: int
+    sandbox_id: str = ""  # whose share of the limits the request takes; "" shares by host
+
+    @property
+    def share(self) -> str:
+        return self.sandbox_id or self.host
 
 
 class _DiscardCookies(CookieJar):
@@ -104,10 +114,20 @@ class _DiscardCookies(CookieJar):
 class SandboxProxy:
     """Relays ASGI ``http`` and ``websocket`` requests to sandboxes over one shared pool."""
 
-    def __init__(self, *, connect_timeout: float = 5.0, max_connections: int = 1000) -> None:
+    def __init__(
+        self,
+        *,
+        connect_timeout: float = 5.0,
+        max_connections: int = 1000,
+        max_websockets: int = 1000,
+        sandbox_max_requests: int = 256,
+        sandbox_max_websockets: int = 128,
+    ) -> None:
         self._connect_timeout = connect_timeout
-        self._max_websockets = max_connections
+        self._max_websockets = max_websockets
         self._websockets = 0
+        self._requests = _Shares(sandbox_max_requests)
+        self._sandbox_websockets = _Shares(sandbox_max_websockets)
         # httpx, not h11 by hand: it streams a request body from an async generator and a response
         # with aiter_raw (undecoded), and pools. Requests go through send(), never build_request(),
         # so the client adds no headers of its own (Accept-Encoding, User-Agent, cookies).
@@ -134,7 +154,14 @@ class SandboxProxy:
         """Relay this request to ``upstream`` and its answer back; returns when both are done."""
         drop = frozenset(name.lower().encode("latin-1") for name in drop_request_headers)
         if scope["type"] == "http":
-            await self._forward_http(scope, receive, send, upstream, drop)
+            if not self._requests.take(upstream.share):
+                message = f"Too many concurrent requests to this sandbox (at most {self._requests.limit})"
+                await _answer(send, "http", 429, *_json(429, message))
+                return
+            try:
+                await self._forward_http(scope, receive, send, upstream, drop)
+            finally:
+                self._requests.give(upstream.share)
         elif scope["type"] == "websocket":
             await self._forward_websocket(scope, receive, send, upstream, drop)
         else:
@@ -200,11 +227,16 @@ class SandboxProxy:
         if self._websockets >= self._max_websockets:
             await _refuse_websocket(scope, send, 503, *_json(503, "Too many open WebSockets to sandboxes"))
             return
+        if not self._sandbox_websockets.take(upstream.share):
+            message = f"Too many open WebSockets to this sandbox (at most {self._sandbox_websockets.limit})"
+            await _refuse_websocket(scope, send, 429, *_json(429, message))
+            return
         self._websockets += 1
         try:
             await self._websocket(scope, receive, send, upstream, drop)
         finally:
             self._websockets -= 1
+            self._sandbox_websockets.give(upstream.share)
 
     async def _websocket(
         self, scope: Scope, receive: Receive, send: Send, upstream: Upstream, drop: frozenset[bytes]
@@ -262,6 +294,26 @@ class SandboxProxy:
                 raise
         connection.start_keepalive()  # pings notice an upstream that vanished, as TCP keepalive does for HTTP
         return connection
+
+
+class _Shares:
+    """How many of something each sandbox holds, up to ``limit`` each (one event loop: no lock needed)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._held: dict[str, int] = {}
+
+    def take(self, key: str) -> bool:
+        held = self._held.get(key, 0)
+        if held >= self.limit:
+            return False
+        self._held[key] = held + 1
+        return True
+
+    def give(self, key: str) -> None:
+        held = self._held.pop(key, 0) - 1
+        if held > 0:  # a sandbox holding nothing has no entry: the table does not grow with every sandbox seen
+            self._held[key] = held
 
 
 class _Handshake(ClientProtocol):

@@ -104,6 +104,7 @@ class Defaults:
     PAUSE_MEMORY: Final = True  # POST /sandboxes/{id}/pause without "memory"
     CPU_COUNT: Final = 2
     MEMORY_MB: Final = 512
+    DISK_MB: Final = 2048  # a sandbox's disk (the runtime enforces it: runtime._disk)
 
 
 _TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z")
@@ -229,6 +230,7 @@ class SandboxDetails:
     auto_resume: bool = Defaults.AUTO_RESUME
     cpu_count: int = Defaults.CPU_COUNT
     memory_mb: int = Defaults.MEMORY_MB
+    disk_mb: int = 0  # the sandbox's disk limit; 0 in records made before disks had one
     timeout_s: int = Defaults.V2_TIMEOUT_S  # the last timeout asked for: an auto-resume uses it again
     address: str | None = None  # where the host reaches the sandbox while it runs
     started_at: str | None = None  # RFC 3339; set once, at the first start
@@ -254,6 +256,8 @@ class SandboxDetails:
         }
         if self.paused_memory is not None:
             document["paused_memory"] = self.paused_memory
+        if self.disk_mb:  # absent from records made before disks had a size: they read back unchanged
+            document["disk_mb"] = self.disk_mb
         return document
 
     @classmethod
@@ -283,6 +287,7 @@ _SCALARS: dict[str, type | tuple[type, ...]] = {
     "auto_resume": bool,
     "cpu_count": int,
     "memory_mb": int,
+    "disk_mb": int,
     "timeout_s": int,
     "address": str,
     "started_at": str,

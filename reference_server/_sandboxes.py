@@ -29,6 +29,7 @@ from contract.protocol import ENVD_PORT
 from runtime.backend import Backend, Limits, SandboxRuntimeError, SandboxSpec, State
 
 from . import _errors as text
+from ._admission import Admission, AdmissionLimits
 from ._credentials import SealedToken, TokenScope, TokenVault, new_sandbox_token
 from ._errors import ApiError, runtime_refusal
 from ._events import LogQuery, append_event, query_logs, rfc3339, since
@@ -85,10 +86,12 @@ class ServiceSettings:
     templates: frozenset[str]  # names a sandbox may start from (snapshots come on top, per owner)
     cpu_count: int = Defaults.CPU_COUNT
     memory_mb: int = Defaults.MEMORY_MB
+    disk_mb: int = Defaults.DISK_MB
     max_timeout_s: int = 86_400
     egress_enabled: bool = False  # the operator's switch; without it no sandbox reaches outside
     agent_port: int = ENVD_PORT
     default_user: str = "user"
+    admission: AdmissionLimits = field(default_factory=AdmissionLimits)  # who may start a sandbox now
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,6 +152,7 @@ class SandboxService:
         self._initialize = initialize
         self._clock = clock or (lambda: datetime.now(UTC))
         self._locks: dict[str, asyncio.Lock] = {}
+        self.admission = Admission(settings.admission, store)
 
     def now(self) -> datetime:
         return self._clock()
@@ -268,6 +272,7 @@ class SandboxService:
             auto_resume=request.auto_resume,
             cpu_count=self.settings.cpu_count,
             memory_mb=self.settings.memory_mb,
+            disk_mb=self.settings.disk_mb,
             timeout_s=request.timeout_s,
         )
         record = SandboxRecord(
@@ -282,13 +287,18 @@ class SandboxService:
             auto_pause=request.auto_pause,
             details=append_event(details, now, "info", "sandbox creating", template=request.template_id),
         )
-        record = await self.store.insert(record)
-        async with self.lock(sandbox_id):
+        # Admitted before anything is stored; the reservation lasts until the start succeeded or was undone.
+        async with self.admission.create(owner, sandbox_id, self.settings.memory_mb), self.lock(sandbox_id):
+            record = await self.store.insert(record)
             try:
                 spec = SandboxSpec(
                     sandbox_id=sandbox_id,
                     template=request.template_id,
-                    limits=Limits(cpu_count=self.settings.cpu_count, memory_mb=self.settings.memory_mb),
+                    limits=Limits(
+                        cpu_count=self.settings.cpu_count,
+                        memory_mb=self.settings.memory_mb,
+                        disk_mb=self.settings.disk_mb,
+                    ),
                     hostname=sandbox_id,
                     allow_internet_access=request.allow_internet_access and self.settings.egress_enabled,
                     allow_out=request.network.allow_out if self.settings.egress_enabled else (),
@@ -407,6 +417,11 @@ class SandboxService:
             return self.tokens(await self._resume(record, timeout_s))
 
     async def _resume(self, record: SandboxRecord, timeout_s: int) -> SandboxRecord:
+        # A resumed sandbox runs again, so it is admitted like a new one (429 leaves it paused).
+        async with self.admission.resume(record):
+            return await self._resume_admitted(record, timeout_s)
+
+    async def _resume_admitted(self, record: SandboxRecord, timeout_s: int) -> SandboxRecord:
         record = await self._swap(record, state=S.RESUMING)
         try:
             info = await self.backend.resume(record.sandbox_id)
@@ -448,7 +463,11 @@ class SandboxService:
                 record = await self.owned(owner, sandbox_id)
             except ApiError:
                 raise ApiError(404, text.SANDBOX_NOT_FOUND) from None
-            await self._kill(record)
+            try:
+                await self._kill(record)
+            except SandboxRuntimeError as exc:  # the record stays killing: the reaper tries again
+                log.error("killing %s failed, left for the reaper: %s", sandbox_id, exc)
+                raise ApiError(500, text.INTERNAL) from None
         self._locks.pop(sandbox_id, None)
 
     async def _kill(self, record: SandboxRecord) -> None:
@@ -582,8 +601,11 @@ class SandboxService:
     # -- the reaper ----------------------------------------------------------------------
 
     async def reap(self) -> list[str]:
-        """Kill (or pause, when asked) every running sandbox past its expiry; returns their ids."""
-        acted = []
+        """Kill (or pause, when asked) every running sandbox past its expiry; returns their ids.
+
+        A kill whose release failed left its record killing: each sweep tries it again.
+        """
+        acted = await self._retry_kills()
         for expired in await self.store.expired(self.now()):
             async with self.lock(expired.sandbox_id):
                 record = await self.store.get(expired.sandbox_id)
@@ -600,6 +622,22 @@ class SandboxService:
                     continue
             acted.append(expired.sandbox_id)
         return acted
+
+    async def _retry_kills(self) -> list[str]:
+        done = []
+        for stuck in await self.store.all([S.KILLING]):
+            async with self.lock(stuck.sandbox_id):
+                record = await self.store.get(stuck.sandbox_id)
+                if record is None or record.state != S.KILLING:  # a kill in flight finished under the lock
+                    continue
+                try:
+                    await self._kill(record)
+                except (ApiError, StoreError, SandboxRuntimeError) as exc:
+                    log.warning("killing %s again: %s", record.sandbox_id, exc)
+                    continue
+            self._locks.pop(stuck.sandbox_id, None)
+            done.append(stuck.sandbox_id)
+        return done
 
     # -- helpers -------------------------------------------------------------------------
 

@@ -6,7 +6,8 @@
    wildcard), the master key that seals sandbox tokens, the SQLite store, the first API key.
 3. The runtime and the template (built once, then cached by content).
 4. Reconciliation against the runtime, before anything is served.
-5. The reaper and the metrics sampler, then TLS listeners on every configured address (both
+5. The soft open-file limit raised to the hard one (``_connections``; the default connection cap
+   follows it), the reaper and the metrics sampler, then TLS listeners on every configured address (both
    ``127.0.0.1`` and ``::1``: Node resolves ``*.localhost`` to ``::1`` first), then the client
    environment is printed and written to ``<data_dir>/client.env``.
 
@@ -28,13 +29,15 @@ from pathlib import Path
 
 import uvicorn
 
-from runtime.agent import ENVD_VERSION, NoDelayH11Protocol, bind
+from runtime.agent import ENVD_VERSION, bind
 from runtime.backend import Backend
 from runtime.templates import Template
 
+from ._admission import admission_limits
 from ._agent_init import HttpAgentInitializer
 from ._client_env import ClientEnvironment, domain_with_port
 from ._config import ServerConfig
+from ._connections import ConnectionGate, connection_limit, edge_protocols, raise_open_file_limit
 from ._control_plane import create_control_plane
 from ._credentials import TokenVault, load_or_create_master_key
 from ._edge import Edge
@@ -135,7 +138,13 @@ async def open_server(
     own_initializer: HttpAgentInitializer | None = None
     if initialize is None:
         own_initializer = initialize = HttpAgentInitializer()
-    proxy = SandboxProxy()
+    proxy = SandboxProxy(
+        # Every pooled connection in use serves one client connection: the pool is never the tighter cap.
+        max_connections=connection_limit(config.max_connections),
+        max_websockets=config.max_websockets,
+        sandbox_max_requests=config.sandbox_max_requests,
+        sandbox_max_websockets=config.sandbox_max_websockets,
+    )
     try:
         keys = KeyStore(store.db)
         api_key = await ensure_key(store.db, config.data_dir / "api-key", config.owner, keys=keys)
@@ -146,8 +155,10 @@ async def open_server(
             templates=frozenset({config.default_template, *config.templates}),
             cpu_count=config.cpu_count,
             memory_mb=config.memory_mb,
+            disk_mb=config.disk_mb,
             max_timeout_s=config.max_timeout_seconds,
             egress_enabled=config.egress_enabled,
+            admission=admission_limits(config),
         )
         service = SandboxService(
             store=store,
@@ -192,14 +203,21 @@ def listen_sockets(config: ServerConfig) -> list[socket.socket]:
 
 
 async def run(
-    server: RunningServer, sockets: list[socket.socket], *, on_ready: Callable[[RunningServer], None] | None = None
+    server: RunningServer,
+    sockets: list[socket.socket],
+    *,
+    on_ready: Callable[[RunningServer], None] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> None:
-    """Serve on ``sockets`` (already bound) until uvicorn is told to stop (SIGINT/SIGTERM)."""
+    """Serve on ``sockets`` (already bound) until uvicorn is told to stop (SIGINT/SIGTERM, or ``stop`` set)."""
     config = server.config
+    gate = ConnectionGate(connection_limit(config.max_connections))
+    # TLS is the protocol's (see _connections): uvicorn's own listener TLS would count and bound nothing.
+    http, ws = edge_protocols(gate, ssl_context(server.certificates), head_timeout=config.request_head_timeout_seconds)
     uvicorn_config = uvicorn.Config(
         server.edge,
-        http=NoDelayH11Protocol,
-        ws="websockets-sansio",
+        http=http,
+        ws=ws,
         lifespan="off",
         timeout_keep_alive=KEEPALIVE_S,
         log_level=config.log_level,
@@ -208,11 +226,7 @@ async def run(
         date_header=False,  # proxied answers carry the sandbox's own Date
         proxy_headers=False,  # nothing sits in front of the edge: X-Forwarded-* from clients are not trusted
         timeout_graceful_shutdown=5,  # streams may never end on their own
-        ssl_certfile=str(server.certificates.cert_path),
-        ssl_keyfile=str(server.certificates.key_path),
     )
-    uvicorn_config.load()
-    uvicorn_config.ssl = ssl_context(server.certificates)  # ALPN http/1.1 only: we do not speak h2
     tasks = [
         asyncio.create_task(_reaper(server.service, config.reaper_interval_seconds)),
         asyncio.create_task(
@@ -221,12 +235,20 @@ async def run(
     ]
     web = uvicorn.Server(uvicorn_config)
     watcher = asyncio.create_task(_announce(web, server, on_ready))
+    if stop is not None:
+        tasks.append(asyncio.create_task(_stop_when(stop, web)))
     try:
         await web.serve(sockets=sockets)
     finally:
+        gate.close_all()  # handshakes still running, WebSockets uvicorn no longer tracks
         for task in (*tasks, watcher):
             task.cancel()
         await asyncio.gather(*tasks, watcher, return_exceptions=True)
+
+
+async def _stop_when(stop: asyncio.Event, web: uvicorn.Server) -> None:
+    await stop.wait()
+    web.should_exit = True
 
 
 async def _announce(
@@ -282,6 +304,7 @@ def serve(config: ServerConfig, say: Callable[[str], None] | None = None) -> int
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per proxied request would drown the rest
     sockets = listen_sockets(config)  # first: a taken port fails at once, not after a template build
+    say(f"open-file limit: {raise_open_file_limit()} (client connections: {connection_limit(config.max_connections)})")
     prepare_host(config, say)
     templates = ensure_templates(config, say)
 

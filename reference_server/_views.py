@@ -20,7 +20,6 @@ __all__ = ["detail", "listed", "log_entry", "log_line", "metric", "sandbox", "sn
 
 # Deprecated upstream and ignored by the clients, but required by the schemas.
 CLIENT_ID = "e2b-compat"
-DISK_SIZE_MB = 0  # the sandbox has no fixed disk size unless the runtime sets one
 
 
 def _time(moment: datetime) -> str:
@@ -50,7 +49,7 @@ def _common(record: SandboxRecord) -> dict[str, Any]:
         "clientID": CLIENT_ID,
         "cpuCount": record.details.cpu_count,
         "memoryMB": record.details.memory_mb,
-        "diskSizeMB": DISK_SIZE_MB,
+        "diskSizeMB": record.details.disk_mb,
         "envdVersion": record.details.envd_version,
         "startedAt": started if started is not None else _time(record.created_at),
         "endAt": _time(record.expires_at),

@@ -11,6 +11,7 @@ directly with a request and a ``Caller`` of its own.
 from __future__ import annotations
 
 import ipaddress
+import re
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -74,22 +75,37 @@ def strings(value: object) -> tuple[str, ...]:
     return tuple(value) if isinstance(value, list) else ()
 
 
+MAX_RANGES = 1024  # per list: each entry becomes a packet-filter rule of the sandbox
+# Dotted-quad address, optionally "/<prefix length 0-32>" (CIDR notation has only a prefix length).
+# Python's ip_network would also take a netmask ("/255.0.0.0") or a host mask ("/0.255.255.255");
+# a Go server (upstream is one) parsing with net.ParseCIDR refuses both.
+_RANGE = re.compile(r"[0-9]{1,3}(?:\.[0-9]{1,3}){3}(?:/(?:[0-9]|[12][0-9]|3[0-2]))?")
+_IPV6 = re.compile(r"[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*(?:/[0-9]{1,3})?")
+
+
 def ranges(value: object, field: str) -> tuple[str, ...]:
     """``allowOut``/``denyOut``: IPv4 addresses or CIDR ranges (the sandboxes' networks are IPv4).
 
     Upstream also takes domain names in ``allowOut``; this server's egress rules are address
-    based, so a name is refused with a 400 that says so rather than silently not applied.
+    based, so a name is refused with a 400 that says so rather than silently not applied. A range
+    with host bits set (``10.0.0.1/8``) is taken as its network, as Go's ParseCIDR does.
     """
     found = strings(value)
+    if len(found) > MAX_RANGES:
+        raise ApiError(400, f"Invalid request body: {field}: at most {MAX_RANGES} entries")
     for entry in found:
+        if _IPV6.fullmatch(entry):
+            raise ApiError(400, f"Invalid request body: {field}: sandboxes have IPv4 networking only")
         try:
-            network = ipaddress.ip_network(entry, strict=False)
+            if _RANGE.fullmatch(entry) is None:
+                raise ValueError(entry)
+            ipaddress.IPv4Network(entry, strict=False)
         except ValueError:
             raise ApiError(
-                400, f"Invalid request body: {field}: entries must be IPv4 addresses or CIDR ranges"
+                400,
+                f"Invalid request body: {field}: entries must be IPv4 addresses or CIDR ranges "
+                "(address/prefix length 0-32)",
             ) from None
-        if network.version != 4:
-            raise ApiError(400, f"Invalid request body: {field}: sandboxes have IPv4 networking only")
     return found
 
 
@@ -98,10 +114,18 @@ def metadata_filter(raw: str | None) -> dict[str, str]:
     if raw is None:
         return {}
     try:
-        pairs = urllib.parse.parse_qsl(raw, keep_blank_values=True, strict_parsing=True)
+        pairs = urllib.parse.parse_qsl(raw, keep_blank_values=True, strict_parsing=True, errors="strict")
+    except UnicodeDecodeError:
+        raise ApiError(400, "Invalid metadata filter: not UTF-8 once percent-decoded") from None
     except ValueError:
         raise ApiError(400, "Invalid metadata filter: expected key=value pairs joined by &") from None
-    return {urllib.parse.unquote(key): urllib.parse.unquote(value) for key, value in pairs}
+    try:
+        return {
+            urllib.parse.unquote(key, errors="strict"): urllib.parse.unquote(value, errors="strict")
+            for key, value in pairs
+        }
+    except UnicodeDecodeError:
+        raise ApiError(400, "Invalid metadata filter: not UTF-8 once percent-decoded") from None
 
 
 def unix_query(request: Request, name: str) -> datetime | None:

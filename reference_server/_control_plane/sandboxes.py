@@ -9,6 +9,7 @@ timeout, always an envd token): clients from 2.51 on send only what differs from
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -65,10 +66,26 @@ def _host_mask(value: object) -> str | None:
 
 
 def _integer(body: dict[str, Any], name: str, default: int) -> int:
+    """A whole number as JSON writes one: ``10.0`` is refused, as Go refuses it for an int32 field."""
     value = body.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ApiError(400, f"Invalid request body: {name}: must be of type integer")
     return value
+
+
+def _env_vars(value: object) -> dict[str, str]:
+    """``envVars`` (the schema made it a string map): a name is non-empty and has no ``=``.
+
+    ``NAME=VALUE`` is how the environment is passed to a process, so a name holding ``=`` would
+    set a different variable than asked; NUL in names or values is already refused for the body.
+    """
+    found = dict(value) if isinstance(value, dict) else {}
+    for name in found:
+        if not name:
+            raise ApiError(400, "Invalid request body: envVars: a variable name must not be empty")
+        if "=" in name:
+            raise ApiError(400, "Invalid request body: envVars: a variable name must not contain '='")
+    return found
 
 
 # -- create, connect, resume ---------------------------------------------------------------------
@@ -96,8 +113,8 @@ async def _create(request: Request, caller: Caller, *, default_timeout: int, def
         caller.owner,
         CreateRequest(
             template_id=body["templateID"],
-            timeout_s=int(body.get("timeout", default_timeout)),
-            env_vars=dict(body.get("envVars") or {}),
+            timeout_s=_integer(body, "timeout", default_timeout),
+            env_vars=_env_vars(body.get("envVars")),
             metadata=dict(body.get("metadata") or {}),
             secure=bool_field(body, "secure", default_secure),
             allow_internet_access=bool_field(body, "allow_internet_access", Defaults.ALLOW_INTERNET_ACCESS),
@@ -118,7 +135,7 @@ async def _create(request: Request, caller: Caller, *, default_timeout: int, def
 async def connect_v1(request: Request, caller: Caller) -> Response:
     check_query(request, ())
     body = await read_json(request, "ConnectSandbox")
-    return await _connect(request, caller, int(body["timeout"]))
+    return await _connect(request, caller, _integer(body, "timeout", 0))
 
 
 async def connect_v2(request: Request, caller: Caller) -> Response:
@@ -142,7 +159,7 @@ async def resume(request: Request, caller: Caller) -> Response:
     opened = await caller.service.resume(
         caller.owner,
         request.path_params["sandbox_id"],
-        int(body.get("timeout", Defaults.TIMEOUT_S)),
+        _integer(body, "timeout", Defaults.TIMEOUT_S),
         None if auto_pause is None else bool(auto_pause),
     )
     return JSONResponse(views.sandbox(opened, caller.domain), status_code=201)
@@ -238,7 +255,7 @@ async def refresh(request: Request, caller: Caller) -> Response:
     check_query(request, ())
     body = await read_json(request, None, optional=True)
     duration = body.get("duration", Defaults.REFRESH_S)
-    if isinstance(duration, bool) or not isinstance(duration, int | float):
+    if isinstance(duration, bool) or not isinstance(duration, int | float) or not math.isfinite(duration):
         raise ApiError(400, "Invalid request body: duration: must be of type number")
     await caller.service.refresh(caller.owner, request.path_params["sandbox_id"], int(duration))
     return no_content()

@@ -20,6 +20,8 @@ from ._common import Caller, Endpoint
 
 __all__ = ["ENDPOINTS", "list_snapshots", "snapshot"]
 
+MAX_NAME = 256
+
 
 async def snapshot(request: Request, caller: Caller) -> Response:
     check_query(request, ())
@@ -27,6 +29,9 @@ async def snapshot(request: Request, caller: Caller) -> Response:
     name = body.get("name")
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise ApiError(400, "Invalid request body: name: must be a non-empty string")
+    # A name is later given as a template id; NUL and lone surrogates are refused for every body.
+    if name is not None and len(name) > MAX_NAME:
+        raise ApiError(400, f"Invalid request body: name: at most {MAX_NAME} characters")
     record = await caller.service.snapshot(caller.owner, request.path_params["sandbox_id"], name)
     return JSONResponse(views.snapshot(record), status_code=201)
 

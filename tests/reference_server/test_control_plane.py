@@ -66,9 +66,13 @@ async def test_get_list_and_the_detail_schema(plane: Plane) -> None:
     conforms("SandboxDetail", detail.json())
     assert detail.json()["state"] == "running"
     assert detail.json()["metadata"] == {"k": "v"}
+    # The disk limit the runtime was given (the server's disk_mb) is the one reported.
+    assert plane.backend._sandboxes[created["sandboxID"]].spec.limits.disk_mb == 2048
+    assert detail.json()["diskSizeMB"] == 2048
     listed = await plane.client.get("/v2/sandboxes", headers=A)
     conforms("ListedSandbox", listed.json(), array=True)
     assert [item["sandboxID"] for item in listed.json()] == [created["sandboxID"]]
+    assert [item["diskSizeMB"] for item in listed.json()] == [2048]
     v1 = await plane.client.get("/sandboxes", headers=A)
     conforms("ListedSandbox", v1.json(), array=True)
 

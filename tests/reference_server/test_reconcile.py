@@ -9,9 +9,9 @@ import pytest
 from reference_server import _reconcile
 from reference_server._reconcile import DECISIONS, Decision, Seen, reconcile
 from reference_server._records import SandboxDetails, SandboxRecord, SandboxState
-from runtime.backend import SandboxSpec, State
+from runtime.backend import BackendError, ReconcileReport, SandboxSpec, State
 
-from .conftest import Plane
+from .conftest import ALICE, Plane
 
 pytestmark = pytest.mark.anyio
 
@@ -25,7 +25,7 @@ def test_the_docstring_table_is_the_decision_table() -> None:
     doc = _reconcile.__doc__ or ""
     words = {"keep": Decision.KEEP, "release": Decision.RELEASE, "back to running": Decision.BACK_TO_RUNNING}
     words |= {"finish: paused": Decision.FINISH_PAUSE, "finish: init, run": Decision.FINISH_RESUME}
-    words |= {"back to paused": Decision.BACK_TO_PAUSED}
+    words |= {"back to paused": Decision.BACK_TO_PAUSED, "to paused": Decision.TO_PAUSED}
     rows = {}
     for line in doc.splitlines():
         cells = [cell.strip() for cell in line.strip().split("  ") if cell.strip()]
@@ -70,7 +70,9 @@ async def _runtime(plane: Plane, sandbox_id: str, state: State | None) -> None:
     [
         ((), State.RUNNING, "kept", "running"),
         ((), None, "released", None),
-        ((), State.PAUSED, "released", None),
+        # A host restart: the processes are gone, the files kept; the sandbox is paused, resumable.
+        ((), State.PAUSED, "finished", "paused"),
+        ((), State.STOPPED, "finished", "paused"),
         (("pausing", "paused"), State.PAUSED, "kept", "paused"),
         (("pausing", "paused"), State.STOPPED, "kept", "paused"),
         (("pausing", "paused"), None, "released", None),
@@ -132,3 +134,75 @@ async def test_runtime_sandboxes_nobody_recorded_are_killed(plane: Plane) -> Non
     assert result.orphans == ("orphan",)
     assert result.kept == (kept.sandbox_id,)
     assert [info.sandbox_id for info in await plane.backend.list()] == [kept.sandbox_id]
+
+
+async def test_a_sandbox_whose_processes_ended_with_the_host_is_resumed_by_connect(plane: Plane) -> None:
+    """After a host restart the runtime keeps the files (STOPPED); the client's connect boots it again."""
+    record = await _made(plane)
+    await _runtime(plane, record.sandbox_id, State.STOPPED)  # what the runtime's reconcile leaves
+    result = await reconcile(plane.service)
+    assert result.finished == (record.sandbox_id,)
+    after = await plane.store.get(record.sandbox_id)
+    assert after is not None
+    assert after.state == "paused"
+    assert after.details.address is None
+    assert "host restart" in after.details.events[-1].message
+    headers = {"X-API-Key": ALICE}
+    connected = await plane.client.post(
+        f"/sandboxes/{record.sandbox_id}/connect", json={"timeout": 60}, headers=headers
+    )
+    assert connected.status_code == 201, connected.text
+    assert (await plane.backend.inspect(record.sandbox_id)).state is State.RUNNING
+
+
+async def test_a_sandbox_the_runtime_set_aside_is_recorded_failed_until_its_files_are_removed(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = await _made(plane)
+    await plane.backend.kill(record.sandbox_id)  # set aside: the runtime lists it no more
+    failed = ReconcileReport((), (), (), (record.sandbox_id,))
+
+    async def set_aside() -> ReconcileReport:
+        return failed
+
+    monkeypatch.setattr(plane.backend, "reconcile", set_aside)
+    for _ in range(2):  # and again at the next start: still failed, never released
+        result = await reconcile(plane.service)
+        assert result.failed == (record.sandbox_id,)
+        after = await plane.store.get(record.sandbox_id)
+        assert after is not None
+        assert after.state == "failed"
+    answer = await plane.client.get(f"/sandboxes/{record.sandbox_id}", headers={"X-API-Key": ALICE})
+    assert answer.status_code == 404
+    failed = ReconcileReport((), ())  # the operator removed the kept files
+    result = await reconcile(plane.service)
+    assert result.released == (record.sandbox_id,)
+    assert await plane.store.get(record.sandbox_id) is None
+
+
+async def test_a_kill_the_runtime_fails_stays_killing_and_the_reaper_finishes_it(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = await _made(plane)
+    real_kill = plane.backend.kill
+    broken = True
+
+    async def kill(sandbox_id: str) -> bool:
+        if broken:
+            raise BackendError("killing sandbox: umount: target is busy")
+        return await real_kill(sandbox_id)
+
+    monkeypatch.setattr(plane.backend, "kill", kill)
+    answer = await plane.client.delete(f"/sandboxes/{record.sandbox_id}", headers={"X-API-Key": ALICE})
+    assert answer.status_code == 500
+    assert answer.json() == {"code": 500, "message": answer.json()["message"]}
+    assert "busy" not in answer.text
+    stuck = await plane.store.get(record.sandbox_id)
+    assert stuck is not None, "never forgotten while the runtime holds it"
+    assert stuck.state == "killing"
+    assert await plane.service.reap() == []  # still failing: kept for the next sweep
+    assert (await plane.store.get(record.sandbox_id)) is not None
+    broken = False
+    assert await plane.service.reap() == [record.sandbox_id]
+    assert await plane.store.get(record.sandbox_id) is None
+    assert await plane.backend.list() == []

@@ -57,6 +57,7 @@ details_values = st.builds(
     auto_resume=st.booleans(),
     cpu_count=st.integers(1, 64),
     memory_mb=st.integers(1, 1 << 20),
+    disk_mb=st.integers(0, 1 << 20),
     timeout_s=st.integers(0, 86_400),
     address=st.none() | _text,
     started_at=st.none() | _text,
@@ -171,5 +172,5 @@ def test_states_are_an_enum_shared_with_the_lifecycle_table() -> None:
 
 
 def test_every_detail_field_is_written() -> None:
-    written = set(SandboxDetails(paused_memory=True).to_dict())
+    written = set(SandboxDetails(paused_memory=True, disk_mb=1024).to_dict())
     assert written == {item.name for item in fields(SandboxDetails)}

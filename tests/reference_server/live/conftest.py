@@ -29,32 +29,36 @@ SCENARIOS = ALL_SCENARIOS / "sandbox"
 LiveServer = ManagedServer
 
 
-@pytest.fixture(scope="package")
-def live_server() -> Iterator[LiveServer]:
+@contextlib.contextmanager
+def managed_server(prefix: str, extra_env: dict[str, str] | None = None) -> Iterator[LiveServer]:
+    """A server of its own data folder under /var/tmp; afterwards its sandboxes, mounts and files are gone."""
     # Not under pytest's private temp root: idmapped sandbox users must traverse to their layers.
-    data_dir = Path(tempfile.mkdtemp(prefix="e2b-compat-server-", dir="/var/tmp"))
+    data_dir = Path(tempfile.mkdtemp(prefix=f"e2b-compat-{prefix}-", dir="/var/tmp"))
     data_dir.chmod(0o755)
-    server = ManagedServer(
-        data_dir,
-        data_dir.with_suffix(".log"),
-        extra_env={
-            "E2B_COMPAT_SERVER_REAPER_INTERVAL_SECONDS": "0.5",
-            "E2B_COMPAT_SERVER_METRICS_INTERVAL_SECONDS": "1",
-        },
-    )
+    server = ManagedServer(data_dir, data_dir.with_suffix(".log"), extra_env=extra_env or {})
     try:
-        server.start()
-    except EndpointError as exc:
-        pytest.fail(str(exc))
-    try:
+        try:
+            server.start()
+        except EndpointError as exc:
+            pytest.fail(str(exc))
         yield server
     finally:
         server.stop()
         server.release_everything()
         leftovers = [line for line in Path("/proc/mounts").read_text().splitlines() if str(data_dir) in line]
-        assert not leftovers, f"mounts left behind: {leftovers}"
         with contextlib.suppress(OSError):
             shutil.rmtree(data_dir)
+        data_dir.with_suffix(".log").unlink(missing_ok=True)
+        assert not leftovers, f"mounts left behind: {leftovers}"
+
+
+@pytest.fixture(scope="package")
+def live_server() -> Iterator[LiveServer]:
+    with managed_server(
+        "server",
+        {"E2B_COMPAT_SERVER_REAPER_INTERVAL_SECONDS": "0.5", "E2B_COMPAT_SERVER_METRICS_INTERVAL_SECONDS": "1"},
+    ) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -10,12 +10,9 @@ made before B started must still answer afterwards.
 from __future__ import annotations
 
 import contextlib
-import shutil
 import subprocess
-import tempfile
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +22,7 @@ from conformance._clients import NodeClients, PythonClients
 from conformance._endpoint import ManagedServer
 from conformance._scenarios import ScenarioError, ScenarioRunner
 
-from .conftest import SCENARIOS
+from .conftest import SCENARIOS, managed_server
 
 pytestmark = [pytest.mark.artifacts]
 
@@ -43,19 +40,9 @@ sbx.kill()
 
 @contextlib.contextmanager
 def _server(name: str) -> Iterator[ManagedServer]:
-    data_dir = Path(tempfile.mkdtemp(prefix=f"e2b-compat-{name}-", dir="/var/tmp"))
-    data_dir.chmod(0o755)
-    server = ManagedServer(data_dir, data_dir.with_suffix(".log"))
-    try:
-        server.start()
+    with managed_server(name) as server:
         server.second_api_key = server.issue_key("second-owner")
         yield server
-    finally:
-        server.stop()
-        server.release_everything()
-        with contextlib.suppress(OSError):
-            shutil.rmtree(data_dir)
-        data_dir.with_suffix(".log").unlink(missing_ok=True)
 
 
 def _runner(server: ManagedServer, python_clients: PythonClients, node_clients: NodeClients) -> ScenarioRunner:

@@ -1,0 +1,184 @@
+"""Admission control: whether a sandbox may start now, refused with a 429 the clients turn into RateLimit.
+
+Both official clients map a control-plane 429 to their rate-limit error (Python
+``RateLimitException``, JS ``RateLimitError``) and put the body's ``message`` in its text
+(``../shared/docs/PROTOCOL.md`` §9). A 503 would be a plain ``SandboxError`` in JS (and is mapped
+only by newer Python clients), so every limit here answers 429: each means "not now, try later".
+
+The limits, checked on every create and, where a sandbox starts to run again, on every resume:
+
+- **running per owner** (``owner_max_running``): sandboxes creating, running, pausing or resuming.
+  Paused sandboxes do not count, as on E2B; resuming one counts again, so a resume past the limit
+  is refused and the sandbox stays paused.
+- **create rate per owner** (``owner_create_rate`` per second, ``owner_create_burst`` at once): a
+  token bucket; every create that passed its input checks takes a token, admitted or not.
+- **memory of the host**: the memory limits of the running sandboxes (and of those paused with
+  their memory, which stays frozen on the host) together stay within
+  ``MemTotal`` (``/proc/meminfo``) times ``memory_overcommit``; also checked on resume.
+- **sandboxes in all** (``max_sandboxes``): running and paused, every owner.
+
+Counts come from the store (the truth, also after a restart) plus this process's reservations
+for starts in flight, read and reserved under one lock: of 50 parallel creates with room for 10,
+exactly 10 are admitted. A reservation ends when its create or resume ends, so a failed start
+frees it at once, and a kill frees its slot as soon as the record leaves the counted states.
+
+Not host-wide: two servers on one host each hold their own memory budget (their stores are
+separate). ``memory_overcommit`` is the operator's way to share the host between them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._config import ServerConfig
+from ._errors import ApiError
+from ._records import SandboxRecord, SandboxState
+from ._store import Store
+
+__all__ = ["RUNNING_STATES", "Admission", "AdmissionLimits", "TokenBucket", "admission_limits", "host_memory_mb"]
+
+S = SandboxState
+RUNNING_STATES = frozenset({S.CREATING, S.RUNNING, S.PAUSING, S.RESUMING})  # count against the owner
+MEMORY_STATES = RUNNING_STATES | {S.KILLING}  # a kill that failed still holds the sandbox's memory
+LIVE_STATES = RUNNING_STATES | {S.PAUSED}  # count against max_sandboxes
+MEMINFO = Path("/proc/meminfo")
+
+
+def _holds_memory(record: SandboxRecord) -> bool:
+    # A sandbox paused with its memory is frozen, not gone: its pages stay on the host.
+    return record.state in MEMORY_STATES or (record.state is S.PAUSED and record.details.paused_memory is True)
+
+
+def host_memory_mb(meminfo: Path = MEMINFO) -> int:
+    """The host's ``MemTotal`` in MiB."""
+    for line in meminfo.read_text(encoding="ascii").splitlines():
+        name, _, rest = line.partition(":")
+        if name == "MemTotal":
+            kib = int(rest.split()[0])
+            return kib // 1024
+    raise ValueError(f"{meminfo}: no MemTotal line")
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    """The configured limits (``docs/SERVER.md``); ``host_memory_mb`` None: read ``/proc/meminfo``."""
+
+    owner_max_running: int = 100
+    owner_create_rate: float = 5.0
+    owner_create_burst: int = 100
+    max_sandboxes: int = 1000
+    memory_overcommit: float = 4.0
+    host_memory_mb: int | None = None
+
+
+def admission_limits(config: ServerConfig) -> AdmissionLimits:
+    return AdmissionLimits(
+        owner_max_running=config.owner_max_running,
+        owner_create_rate=config.owner_create_rate,
+        owner_create_burst=config.owner_create_burst,
+        max_sandboxes=config.max_sandboxes,
+        memory_overcommit=config.memory_overcommit,
+    )
+
+
+@dataclass
+class TokenBucket:
+    """``rate`` tokens a second up to ``burst``; starts full."""
+
+    rate: float
+    burst: int
+    tokens: float = field(init=False)
+    stamp: float | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.tokens = float(self.burst)
+
+    def take(self, now: float) -> bool:
+        if self.stamp is not None:
+            self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+@dataclass(frozen=True)
+class _Reservation:
+    owner: str
+    memory_mb: int
+
+
+class Admission:
+    def __init__(self, limits: AdmissionLimits, store: Store, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits = limits
+        self._store = store
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._reserved: dict[str, _Reservation] = {}  # sandbox id → a start in flight
+        self._buckets: dict[str, TokenBucket] = {}
+        memory = limits.host_memory_mb if limits.host_memory_mb is not None else host_memory_mb()
+        self.memory_budget_mb = int(memory * limits.memory_overcommit)
+
+    @contextlib.asynccontextmanager
+    async def create(self, owner: str, sandbox_id: str, memory_mb: int) -> AsyncIterator[None]:
+        """Hold a place for a new sandbox while it is created; 429 when there is none."""
+        bucket = self._buckets.setdefault(
+            owner, TokenBucket(self.limits.owner_create_rate, self.limits.owner_create_burst)
+        )
+        if not bucket.take(self._clock()):
+            raise ApiError(
+                429,
+                f"Sandbox create rate limit reached: at most {self.limits.owner_create_rate:g} per second "
+                f"(bursts of {self.limits.owner_create_burst})",
+            )
+        async with self._reserve(owner, sandbox_id, memory_mb, new=True):
+            yield
+
+    @contextlib.asynccontextmanager
+    async def resume(self, record: SandboxRecord) -> AsyncIterator[None]:
+        """Hold a running place for a paused sandbox while it resumes; 429 when there is none."""
+        async with self._reserve(record.owner, record.sandbox_id, record.details.memory_mb, new=False):
+            yield
+
+    @contextlib.asynccontextmanager
+    async def _reserve(self, owner: str, sandbox_id: str, memory_mb: int, *, new: bool) -> AsyncIterator[None]:
+        async with self._lock:  # counting and reserving are one step: parallel starts cannot all pass
+            self._check(await self._store.all(LIVE_STATES | MEMORY_STATES), owner, sandbox_id, memory_mb, new=new)
+            self._reserved[sandbox_id] = _Reservation(owner, memory_mb)
+        try:
+            yield
+        finally:
+            self._reserved.pop(sandbox_id, None)
+
+    def _check(self, records: list[SandboxRecord], owner: str, sandbox_id: str, memory_mb: int, *, new: bool) -> None:
+        # Each sandbox once: a reservation's record may already be in the store.
+        reserved = {key: (held.owner, held.memory_mb) for key, held in self._reserved.items()}
+        running = {r.sandbox_id: r.owner for r in records if r.state in RUNNING_STATES}
+        running.update({key: holder for key, (holder, _) in reserved.items()})
+        memory = {r.sandbox_id: r.details.memory_mb for r in records if _holds_memory(r)}
+        memory.update({key: held for key, (_, held) in reserved.items()})
+        live = {r.sandbox_id for r in records if r.state in LIVE_STATES} | set(reserved)
+        for counted in (running, memory):
+            counted.pop(sandbox_id, None)  # a resume's own record: counted below as the one to admit
+        limits = self.limits
+        owned = sum(1 for holder in running.values() if holder == owner)
+        if owned >= limits.owner_max_running:
+            raise ApiError(
+                429,
+                f"Concurrent sandbox limit reached: {owned} of at most {limits.owner_max_running} running; "
+                "kill or pause one first",
+            )
+        if new and len(live) >= limits.max_sandboxes:
+            raise ApiError(429, f"This server holds its most sandboxes ({limits.max_sandboxes}, running and paused)")
+        committed = sum(memory.values())
+        if committed + memory_mb > self.memory_budget_mb:
+            raise ApiError(
+                429,
+                f"The server has no memory for another sandbox ({committed} of {self.memory_budget_mb} MiB committed)",
+            )
