@@ -1,4 +1,4 @@
-"""Task entry points: ``nox -s tests``, ``nox -s lint``, ``nox -s contract``."""
+"""Task entry points: ``nox -s tests``, ``nox -s lint``, ``nox -s contract``, ``nox -s reliability``."""
 
 from __future__ import annotations
 
@@ -50,6 +50,19 @@ def tests(session: nox.Session) -> None:
     if os.geteuid() == 0:  # sandboxes need host packages and a cgroup fix; say what is done
         session.run("e2b-compat", "host", "prepare")
     session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def reliability(session: nox.Session) -> None:
+    """The load, fault and hostile-tenant scenarios (docs/RELIABILITY.md); as root, real sandboxes.
+
+    Figures go to reports/reliability/summary.json and pytest's closing summary; pass pytest
+    arguments after ``--`` (``-- -k hostile``).
+    """
+    session.install("-e", ".[contract,dev]")
+    if os.geteuid() == 0:
+        session.run("e2b-compat", "host", "prepare")
+    session.run("pytest", "tests/reliability", *session.posargs)
 
 
 @nox.session(python=PYTHON)
