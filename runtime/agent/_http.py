@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from ._errors import AgentError, ErrorKind, HttpBody, answers_errors
 from ._limits import MAX_INIT_BODY
 from ._metrics import MetricsCollector
+from ._processes import env_problem
 from ._state import INTERNAL_NAMES, AgentState
 
 _NO_STORE = {"Cache-Control": "no-store"}
@@ -73,6 +74,8 @@ def _parse_init(body: bytes) -> dict[str, Any]:
     env_vars = data.get("envVars")
     if env_vars is not None and not (isinstance(env_vars, dict) and all(isinstance(v, str) for v in env_vars.values())):
         raise ValueError("invalid envVars")
+    if env_vars is not None and env_problem(env_vars) is not None:
+        raise ValueError("invalid envVars")  # stored, it would fail every later start
     for key in ("defaultUser", "defaultWorkdir", "timestamp"):
         if data.get(key) is not None and not isinstance(data[key], str):
             raise ValueError(f"invalid {key}")

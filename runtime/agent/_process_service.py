@@ -18,7 +18,7 @@ from contract.generated.process import process_pb2 as pb
 
 from ._errors import AgentError, ErrorKind
 from ._paths import resolve
-from ._processes import Exit, ManagedProcess, Output, ProcessTable, Spec, build_env
+from ._processes import Exit, ManagedProcess, Output, ProcessTable, Spec, build_env, env_problem
 from ._state import AgentState
 from ._users import User
 
@@ -101,6 +101,8 @@ class ProcessService:
         cwd = resolve(config.cwd if config.HasField("cwd") else "", user, self._state.default_workdir)
         if not os.path.exists(cwd):
             raise AgentError(ErrorKind.INVALID_ARGUMENT, f"cwd '{cwd}' does not exist")
+        if (problem := env_problem(config.envs)) is not None:
+            raise AgentError(ErrorKind.INVALID_ARGUMENT, f"invalid envs: {problem}")
         size = None
         if request.HasField("pty"):
             size = (request.pty.size.cols, request.pty.size.rows)

@@ -90,6 +90,22 @@ class Spec:
     config: Any  # the request's ProcessConfig, as sent, for List
 
 
+def env_problem(env: Mapping[str, str]) -> str | None:
+    """Why ``env`` cannot be a process environment, or None. Never quotes a value (it may be a secret).
+
+    A name with ``=`` would be split differently by every reader of ``environ``, and a NUL cannot
+    pass ``execve`` at all; an empty name is no variable. Refused at the door, they can neither
+    fail a later start nor reach a process altered.
+    """
+    for name, value in env.items():
+        if not name or "=" in name or "\0" in name:
+            return "an environment variable name is empty or contains '=' or NUL"
+        if "\0" in value:
+            shown = name if name.isprintable() and len(name) <= 64 else "a variable"
+            return f"the value of environment variable {shown} contains NUL"
+    return None
+
+
 def build_env(user: User, global_env: Mapping[str, str], request_env: Mapping[str, str]) -> dict[str, str]:
     """PATH, then HOME/USER/LOGNAME, then the global set, then the request's own (later wins)."""
     env = {"PATH": _DEFAULT_PATH, "HOME": user.home, "USER": user.name, "LOGNAME": user.name}

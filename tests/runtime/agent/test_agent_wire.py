@@ -117,6 +117,33 @@ def test_init_sets_env_user_workdir_and_token(private_agent: Agent, tmp_path: Pa
     assert httpx.post(f"{base}/init", content=b"{not json").status_code == 400
 
 
+BAD_ENVIRONMENTS = [{"A=B": "x"}, {"": "x"}, {"A\u0000B": "x"}, {"A": "x\u0000y"}]
+
+
+@pytest.mark.parametrize("env", BAD_ENVIRONMENTS, ids=["equals-in-name", "empty-name", "nul-in-name", "nul-in-value"])
+def test_a_bad_environment_is_refused_and_never_breaks_a_later_start(private_agent: Agent, env: dict[str, str]) -> None:
+    base = private_agent.base
+    assert httpx.post(f"{base}/init", json={"envVars": {"KEPT": "yes"}}).status_code == 204
+    refused = httpx.post(f"{base}/init", json={"envVars": env})
+    assert refused.status_code == 400, "nothing of it is stored: every later start would fail"
+    assert httpx.get(f"{base}/envs").json()["KEPT"] == "yes"
+    body = _envelope({"process": {"cmd": "/bin/true", "envs": env}, "stdin": False})
+    response = httpx.post(
+        f"{base}/process.Process/Start",
+        content=body,
+        timeout=30,
+        headers={"content-type": "application/connect+json", "connect-protocol-version": "1"},
+    )
+    flags, end = _stream_frames(response)[-1]
+    assert flags & 0x02, "the stream ends with an error"
+    assert end["error"]["code"] == "invalid_argument"
+    assert end["error"]["message"].startswith("invalid envs: ")
+    assert all(value not in end["error"]["message"] for value in env.values()), "values may be secrets"
+    frames = _run(base, "echo $KEPT")
+    stdout = b"".join(base64.b64decode(m["event"]["data"]["stdout"]) for _, m in frames if "data" in m.get("event", {}))
+    assert stdout == b"yes\n", "the agent still starts processes"
+
+
 def test_signed_file_urls(private_agent: Agent, tmp_path: Path) -> None:
     base = private_agent.base
     assert httpx.post(f"{base}/init", json={"accessToken": "tok"}).status_code == 204
