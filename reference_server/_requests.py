@@ -13,11 +13,13 @@ same): a body must be UTF-8 JSON without ``NaN``/``Infinity``, with every number
 deeper one would exhaust the parser's recursion), and with no string, key or value, holding a
 lone surrogate (it could not be stored or answered as UTF-8) or a NUL (no C string, environment
 variable or file name can carry one). Query strings must be UTF-8 too. Duplicate keys keep the
-last value, as Go's decoder does.
+last value, as Go's decoder does. A body is at most ``MAX_BODY_BYTES`` (413) and must arrive
+within ``BODY_TIMEOUT_S`` (408): the edge times request heads, not bodies.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -45,6 +47,7 @@ __all__ = [
     "validate",
 ]
 
+BODY_TIMEOUT_S = 30.0  # for a control-plane body of at most MAX_BODY_BYTES, on any link a client has
 MAX_BODY_BYTES = 1 << 20  # control-plane bodies are small; anything bigger is a mistake or an attack
 MAX_DEPTH = 32  # the deepest real body (network rules) is 5 levels
 MAX_INTEGER_DIGITS = 20  # int64 has 19 digits; anything longer is out of range for every field
@@ -101,11 +104,17 @@ async def read_json(request: Request, schema_name: str | None, *, optional: bool
         raise ApiError(413, BODY_TOO_LARGE)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise ApiError(413, BODY_TOO_LARGE)
-        chunks.append(chunk)
+    try:
+        # A head timely and a body never finished would hold the connection and its task forever;
+        # the edge times heads only, and streams through the edge (not these) may be slow by nature.
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise ApiError(413, BODY_TOO_LARGE)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(408, f"The request body did not arrive within {BODY_TIMEOUT_S:g} s") from None
     raw = b"".join(chunks)
     if not raw.strip():
         if optional:

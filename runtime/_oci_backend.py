@@ -480,10 +480,21 @@ class OciBackend:
                     assert record.container is not None
                     await self._runtime.thaw(record.container)
                 else:
+                    await asyncio.to_thread(self._restore_for_boot, record)
                     await self._boot(record)
                 record.state = State.RUNNING.value
                 self._save(record)
             return self._info(record)
+
+    def _restore_for_boot(self, record: Record) -> None:
+        """What a reconcile could not re-create for a passing reason (a command that failed) is tried again.
+
+        Every step looks before it acts, so on an intact stopped sandbox this changes nothing.
+        """
+        try:
+            self._restore(record)
+        except _UnrecoverableError as exc:
+            raise BackendError(f"sandbox {record.sandbox_id} cannot be re-created: {exc}") from None
 
     async def _stop_container(self, record: Record) -> None:
         if record.container is None:
@@ -803,7 +814,11 @@ class OciBackend:
         if lost:  # E2B's nearest is paused: the files are kept, resume boots afresh
             record.state = State.STOPPED.value
         self._save(record)
-        self._restore(record)
+        try:
+            self._restore(record)
+        except (SandboxRuntimeError, OSError, subprocess.SubprocessError) as exc:
+            # A passing failure: kept as it is, and its resume tries the rest again (_restore_for_boot).
+            _log.warning("re-creating the resources of %s failed: %s", record.sandbox_id, exc)
         return lost
 
     def _restore(self, record: Record) -> None:

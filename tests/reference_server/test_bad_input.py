@@ -6,7 +6,9 @@ The bodies are sent as raw bytes, so that what no client library would send (lon
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -17,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from reference_server import _requests
 from reference_server._admission import Admission, AdmissionLimits
 
 from .conftest import ALICE, Plane
@@ -254,3 +257,18 @@ async def test_hostile_bodies_never_5xx_and_a_refusal_stores_nothing(plane: Plan
 
     await anyio.to_thread.run_sync(examples)
     assert (await plane.client.post("/sandboxes", content=raw(), headers=A)).status_code == 201
+
+
+async def test_a_body_that_stalls_is_408_and_stores_nothing(plane: Plane, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_requests, "BODY_TIMEOUT_S", 0.2)
+
+    async def stalls() -> AsyncIterator[bytes]:
+        yield b'{"templateID": "base",'
+        await asyncio.sleep(30)
+        yield b' "timeout": 60}'
+
+    answer = await plane.client.post("/sandboxes", content=stalls(), headers=A)
+    assert answer.status_code == 408, answer.text
+    assert answer.json() == {"code": 408, "message": "The request body did not arrive within 0.2 s"}
+    assert await plane.store.all() == []
+    assert (await plane.client.post("/sandboxes", json={"templateID": "base"}, headers=A)).status_code == 201

@@ -394,6 +394,27 @@ def test_a_host_restart_keeps_every_sandbox_and_its_files(backend: MemoryOciBack
     assert run(backend.start("new1")).state is State.RUNNING
 
 
+def test_a_resume_re_creates_what_a_reconcile_could_not(
+    backend: MemoryOciBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run(backend.create(spec("late1")))
+    run(backend.start("late1"))
+    _restart_host(backend, tmp_path)
+    real = backend._restore_network
+
+    def hiccup(record: Any) -> None:
+        raise BackendError("ip netns add: a passing failure")
+
+    monkeypatch.setattr(backend, "_restore_network", hiccup)
+    report = run(backend.reconcile())
+    assert report.stopped == ("late1",)
+    rootfs = str(backend._home("late1") / "bundle" / "rootfs")
+    assert not _hostfs.is_mount(rootfs), "the restore stopped at the network"
+    monkeypatch.setattr(backend, "_restore_network", real)
+    assert run(backend.resume("late1")).state is State.RUNNING
+    assert _hostfs.is_mount(rootfs), "the resume made the rest"
+
+
 def _with_doomed_template(tmp_path: Path, template: Template) -> tuple[MemoryOciBackend, Path]:
     """A backend serving one more template, whose rootfs the test then removes."""
     rootfs = tmp_path / "doomed" / "rootfs"
