@@ -40,6 +40,7 @@ SETTINGS: dict[str, str] = {
     "reaper_interval_seconds": "0.5",
     "metrics_interval_seconds": "1",
     "memory_mb": "512",
+    "disk_mb": "256",  # the disk filler writes this much to the host: small, whatever the host has free
     "templates": "base",
     "request_head_timeout_seconds": "5",
 }
