@@ -22,8 +22,10 @@ for starts in flight, read and reserved under one lock: of 50 parallel creates w
 exactly 10 are admitted. A reservation ends when its create or resume ends, so a failed start
 frees it at once, and a kill frees its slot as soon as the record leaves the counted states.
 
-Not host-wide: two servers on one host each hold their own memory budget (their stores are
-separate). ``memory_overcommit`` is the operator's way to share the host between them.
+Host-wide for memory: with a ``MemoryLedger`` (``runtime.host``; the serve command gives each
+server the host's), the budget holds for every server on the host together. Each server
+publishes what it holds when a start is admitted or ends and on every reaper sweep (kills and
+pauses give memory back), and checks against the others' published totals under the host's lock.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from runtime.host import MemoryLedger
 
 from ._config import ServerConfig
 from ._errors import ApiError
@@ -115,10 +119,19 @@ class _Reservation:
 
 
 class Admission:
-    def __init__(self, limits: AdmissionLimits, store: Store, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        limits: AdmissionLimits,
+        store: Store,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        ledger: MemoryLedger | None = None,  # the host's; None: this server's commitments only
+    ) -> None:
         self.limits = limits
         self._store = store
         self._clock = clock
+        self._ledger = ledger
+        self._server = str(Path(store.path).absolute())  # one entry per data folder in the host's ledger
         self._lock = asyncio.Lock()
         self._reserved: dict[str, _Reservation] = {}  # sandbox id → a start in flight
         self._buckets: dict[str, TokenBucket] = {}
@@ -149,20 +162,64 @@ class Admission:
     @contextlib.asynccontextmanager
     async def _reserve(self, owner: str, sandbox_id: str, memory_mb: int, *, new: bool) -> AsyncIterator[None]:
         async with self._lock:  # counting and reserving are one step: parallel starts cannot all pass
-            self._check(await self._store.all(LIVE_STATES | MEMORY_STATES), owner, sandbox_id, memory_mb, new=new)
+            records = await self._store.all(LIVE_STATES | MEMORY_STATES)
+            reserved = dict(self._reserved)
+            if self._ledger is None:
+                self._check(records, reserved, owner, sandbox_id, memory_mb, new=new, elsewhere_mb=0)
+            else:  # the host's lock too: another server's check waits for this one's answer
+                await asyncio.to_thread(self._check_on_host, records, reserved, owner, sandbox_id, memory_mb, new=new)
             self._reserved[sandbox_id] = _Reservation(owner, memory_mb)
         try:
             yield
         finally:
             self._reserved.pop(sandbox_id, None)
+            await self.publish()
 
-    def _check(self, records: list[SandboxRecord], owner: str, sandbox_id: str, memory_mb: int, *, new: bool) -> None:
+    def _check_on_host(
+        self,
+        records: list[SandboxRecord],
+        reserved: dict[str, _Reservation],
+        owner: str,
+        sandbox_id: str,
+        memory_mb: int,
+        *,
+        new: bool,
+    ) -> None:
+        assert self._ledger is not None
+        with self._ledger.committing(self._server) as (elsewhere_mb, publish):
+            committed = self._check(records, reserved, owner, sandbox_id, memory_mb, new=new, elsewhere_mb=elsewhere_mb)
+            publish(committed + memory_mb)
+
+    async def publish(self) -> None:
+        """Tell the host's ledger what this server holds now (kills, pauses and failed starts give memory back)."""
+        if self._ledger is None:
+            return
+        async with self._lock:
+            records = await self._store.all(LIVE_STATES | MEMORY_STATES)
+            held = _memory(records, dict(self._reserved))
+            await asyncio.to_thread(self._publish_on_host, sum(held.values()))
+
+    def _publish_on_host(self, committed_mb: int) -> None:
+        assert self._ledger is not None
+        with self._ledger.committing(self._server) as (_, publish):
+            publish(committed_mb)
+
+    def _check(
+        self,
+        records: list[SandboxRecord],
+        reserved: dict[str, _Reservation],
+        owner: str,
+        sandbox_id: str,
+        memory_mb: int,
+        *,
+        new: bool,
+        elsewhere_mb: int,
+    ) -> int:
+        """Raise the 429 of the first limit the start would pass; else the memory this server holds without it."""
         # Each sandbox once: a reservation's record may already be in the store.
-        reserved = {key: (held.owner, held.memory_mb) for key, held in self._reserved.items()}
         running = {r.sandbox_id: r.owner for r in records if r.state in RUNNING_STATES}
-        running.update({key: holder for key, (holder, _) in reserved.items()})
-        memory = {r.sandbox_id: r.details.memory_mb for r in records if _holds_memory(r)}
-        memory.update({key: held for key, (_, held) in reserved.items()})
+        running.update({key: held.owner for key, held in reserved.items()})
+        memory = _memory(records, reserved)
         live = {r.sandbox_id for r in records if r.state in LIVE_STATES} | set(reserved)
         for counted in (running, memory):
             counted.pop(sandbox_id, None)  # a resume's own record: counted below as the one to admit
@@ -177,8 +234,18 @@ class Admission:
         if new and len(live) >= limits.max_sandboxes:
             raise ApiError(429, f"This server holds its most sandboxes ({limits.max_sandboxes}, running and paused)")
         committed = sum(memory.values())
-        if committed + memory_mb > self.memory_budget_mb:
+        if elsewhere_mb + committed + memory_mb > self.memory_budget_mb:
+            shared = f", {elsewhere_mb} MiB of it by other servers on this host" if elsewhere_mb else ""
             raise ApiError(
                 429,
-                f"The server has no memory for another sandbox ({committed} of {self.memory_budget_mb} MiB committed)",
+                f"The server has no memory for another sandbox "
+                f"({elsewhere_mb + committed} of {self.memory_budget_mb} MiB committed{shared})",
             )
+        return committed
+
+
+def _memory(records: list[SandboxRecord], reserved: dict[str, _Reservation]) -> dict[str, int]:
+    """Sandbox id → MiB for every sandbox whose memory this server holds, and every start in flight."""
+    memory = {r.sandbox_id: r.details.memory_mb for r in records if _holds_memory(r)}
+    memory.update({key: held.memory_mb for key, held in reserved.items()})
+    return memory

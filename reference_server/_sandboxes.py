@@ -27,6 +27,7 @@ from typing import Any, Protocol, cast
 
 from contract.protocol import ENVD_PORT
 from runtime.backend import Backend, Limits, SandboxRuntimeError, SandboxSpec, State
+from runtime.host import MemoryLedger
 
 from . import _errors as text
 from ._admission import Admission, AdmissionLimits
@@ -92,6 +93,7 @@ class ServiceSettings:
     agent_port: int = ENVD_PORT
     default_user: str = "user"
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)  # who may start a sandbox now
+    memory_ledger: MemoryLedger | None = None  # the host's, shared with other servers; None: this one only
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,7 +154,7 @@ class SandboxService:
         self._initialize = initialize
         self._clock = clock or (lambda: datetime.now(UTC))
         self._locks: dict[str, asyncio.Lock] = {}
-        self.admission = Admission(settings.admission, store)
+        self.admission = Admission(settings.admission, store, ledger=settings.memory_ledger)
 
     def now(self) -> datetime:
         return self._clock()
@@ -621,6 +623,7 @@ class SandboxService:
                     log.warning("expiring %s: %s", record.sandbox_id, exc)
                     continue
             acted.append(expired.sandbox_id)
+        await self.admission.publish()  # kills and pauses, here or by request, gave memory back
         return acted
 
     async def _retry_kills(self) -> list[str]:

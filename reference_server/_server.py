@@ -31,6 +31,7 @@ import uvicorn
 
 from runtime.agent import ENVD_VERSION, bind
 from runtime.backend import Backend
+from runtime.host import MemoryLedger
 from runtime.templates import Template
 
 from ._admission import admission_limits
@@ -148,6 +149,8 @@ async def open_server(
     try:
         keys = KeyStore(store.db)
         api_key = await ensure_key(store.db, config.data_dir / "api-key", config.owner, keys=keys)
+        # The host's backend shares the host's memory with every other server on it; a stand-in does not.
+        ledger = MemoryLedger() if backend is None else None
         backend = backend if backend is not None else _open_backend(config, templates)
         settings = ServiceSettings(
             domain=_public_domain(config),
@@ -159,6 +162,7 @@ async def open_server(
             max_timeout_s=config.max_timeout_seconds,
             egress_enabled=config.egress_enabled,
             admission=admission_limits(config),
+            memory_ledger=ledger,
         )
         service = SandboxService(
             store=store,

@@ -12,6 +12,11 @@ sandbox alike. Each sandbox's namespace gets a bound of its own (``_oci.INOTIFY_
 ``_oci.INOTIFY_WATCHES``); ``prepare`` raises the host's per-user limits, when lower, so that
 ``HOST_SANDBOXES`` sandboxes at their bound still leave root (and other sandboxes) room.
 
+Memory committed to sandboxes is counted for the whole host (``MemoryLedger``): several servers
+on one host share one budget, each publishing what it committed under the host-wide lock that
+the address and id-range registries use; a server that ended (its pid gone, or another process
+under that pid) no longer counts.
+
 ``runtime.backends`` names ``prepare`` as the crun backend's host set-up. Exceptions::
 
     HostNotReadyError   (a runtime.backend.BackendError) what is missing and how to fix it
@@ -19,16 +24,19 @@ sandbox alike. Each sandbox's namespace gets a bound of its own (``_oci.INOTIFY_
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from ._addresses import DEFAULT_REGISTRY
+from ._hostregistry import LockedState
 from ._oci import INOTIFY_INSTANCES, INOTIFY_WATCHES
 from .backend import BackendError
 
-__all__ = ["CGROUP_ROOT", "HostNotReadyError", "prepare", "problems"]
+__all__ = ["CGROUP_ROOT", "HostNotReadyError", "MemoryLedger", "prepare", "problems", "process_start_time"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 SYSCTL_ROOT = Path("/proc/sys")
@@ -130,3 +138,50 @@ def _step(argv: list[str], env: dict[str, str] | None, fix: str) -> None:
         subprocess.run(argv, check=True, env=env)
     except (OSError, subprocess.CalledProcessError) as exc:
         raise HostNotReadyError(f"{' '.join(argv[:2])} failed ({exc}); {fix}") from exc
+
+
+def process_start_time(pid: int) -> int | None:
+    """The process's start in clock ticks since boot (``/proc/<pid>/stat`` field 22); None when it is gone.
+
+    With the pid it names one process for good: a pid reused after a crash has another start.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[19])  # the command name may hold spaces and parentheses
+
+
+class MemoryLedger:
+    """What every server on the host has committed to its sandboxes, in MiB.
+
+    ``committing(server)`` takes the host-wide lock and yields what the *other* live servers
+    committed, and a function to publish this server's new total; a server checks its budget and
+    publishes within that one block, so two servers admitting at once cannot both take the
+    last room.
+    """
+
+    def __init__(self, folder: Path | None = None) -> None:
+        self._state = LockedState(folder or DEFAULT_REGISTRY, "memory", _damaged, "servers")
+
+    @contextlib.contextmanager
+    def committing(self, server: str) -> Iterator[tuple[int, Callable[[int], None]]]:
+        with self._state.locked() as state:
+            servers: dict[str, dict[str, int]] = state["servers"]
+            for key in [k for k, entry in servers.items() if not _alive(entry)]:
+                del servers[key]  # a server that ended commits nothing
+            elsewhere = sum(entry["mb"] for key, entry in servers.items() if key != server)
+
+            def publish(committed_mb: int) -> None:
+                me = os.getpid()
+                servers[server] = {"mb": committed_mb, "pid": me, "started": process_start_time(me) or 0}
+
+            yield elsewhere, publish
+
+
+def _alive(entry: dict[str, int]) -> bool:
+    return process_start_time(int(entry.get("pid", 0))) == entry.get("started")
+
+
+def _damaged(message: str) -> BackendError:
+    return BackendError(message)

@@ -30,6 +30,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from runtime.host import process_start_time
+
 __all__ = ["USERS", "lowers_in_use", "register_user"]
 
 USERS = ".users"
@@ -46,7 +48,7 @@ def register_user(templates_folder: Path, state_dir: Path, serving: Iterable[str
         "state_dir": owner,
         "serving": sorted(serving),
         "pid": os.getpid(),
-        "started": _start_time(os.getpid()),
+        "started": process_start_time(os.getpid()),
     }
     folder = templates_folder / USERS
     folder.mkdir(parents=True, exist_ok=True)
@@ -59,15 +61,6 @@ def register_user(templates_folder: Path, state_dir: Path, serving: Iterable[str
     os.replace(tmp, entry)  # atomic: a reader never sees half an entry
 
 
-def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22), None when gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
-    except OSError:
-        return None
-    return int(stat.rpartition(")")[2].split()[19])  # the name may hold spaces and parentheses
-
-
 def _read_entry(entry: Path) -> tuple[Path, list[str]]:
     """An entry's state folder and the rootfs paths its live process serves."""
     text = entry.read_text(encoding="utf-8")
@@ -75,7 +68,7 @@ def _read_entry(entry: Path) -> tuple[Path, list[str]]:
         return Path(text), []
     value = json.loads(text)
     pid, started = value.get("pid"), value.get("started")
-    alive = isinstance(pid, int) and started is not None and _start_time(pid) == started
+    alive = isinstance(pid, int) and started is not None and process_start_time(pid) == started
     return Path(value["state_dir"]), [str(path) for path in value.get("serving", [])] if alive else []
 
 

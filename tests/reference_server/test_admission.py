@@ -16,6 +16,7 @@ import pytest
 
 from reference_server._admission import Admission, AdmissionLimits, TokenBucket, host_memory_mb
 from runtime.backend import SandboxInfo
+from runtime.host import MemoryLedger
 
 from .conftest import ALICE, BOB, Plane
 
@@ -34,7 +35,7 @@ class Ticks:
         return self.now
 
 
-def limit(plane: Plane, clock: Ticks | None = None, **limits: Any) -> None:
+def limit(plane: Plane, clock: Ticks | None = None, ledger: MemoryLedger | None = None, **limits: Any) -> None:
     """Give the plane's service these limits (everything else unlimited for the test)."""
     values: dict[str, Any] = {
         "owner_max_running": 10_000,
@@ -45,7 +46,7 @@ def limit(plane: Plane, clock: Ticks | None = None, **limits: Any) -> None:
         "host_memory_mb": 10_000 * MEMORY_MB,
         **limits,
     }
-    plane.service.admission = Admission(AdmissionLimits(**values), plane.store, clock=clock or Ticks())
+    plane.service.admission = Admission(AdmissionLimits(**values), plane.store, clock=clock or Ticks(), ledger=ledger)
 
 
 def rate_limited(response: httpx.Response, *words: str) -> str:
@@ -221,3 +222,20 @@ def test_host_memory_is_memtotal_in_mib(tmp_path: Path) -> None:
     meminfo.write_text("MemFree: 1 kB\n")
     with pytest.raises(ValueError, match="MemTotal"):
         host_memory_mb(meminfo)
+
+
+async def test_the_memory_budget_is_shared_with_the_other_servers_of_the_host(plane: Plane, tmp_path: Path) -> None:
+    ledger = MemoryLedger(tmp_path / "run")
+    with ledger.committing("/var/lib/another-server/server.db") as (_, publish):
+        publish(2 * MEMORY_MB)  # another live server (this process stands in for it) holds two sandboxes
+    limit(plane, ledger=ledger, host_memory_mb=4 * MEMORY_MB, memory_overcommit=1.0)  # room for four in all
+    first = (await create(plane)).json()["sandboxID"]
+    assert (await create(plane, B)).status_code == 201
+    rate_limited(await create(plane), "memory", f"{4 * MEMORY_MB} of {4 * MEMORY_MB} MiB", "other servers")
+    with ledger.committing("/elsewhere") as (elsewhere, _):
+        assert elsewhere == 4 * MEMORY_MB, "this server published its two"
+    assert (await plane.client.delete(f"/sandboxes/{first}", headers=A)).status_code == 204
+    await plane.service.reap()  # each sweep publishes what the server holds now
+    with ledger.committing("/elsewhere") as (elsewhere, _):
+        assert elsewhere == 3 * MEMORY_MB
+    assert (await create(plane)).status_code == 201

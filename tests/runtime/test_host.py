@@ -1,13 +1,15 @@
-"""Host preparation: the per-user kernel limits every sandbox is charged against are raised, never lowered."""
+"""Host preparation: the per-user kernel limits are raised, never lowered; the host-wide memory ledger."""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
 
 from runtime import _oci
-from runtime.host import HOST_SANDBOXES, HostNotReadyError, host_limits, raise_limits
+from runtime.host import HOST_SANDBOXES, HostNotReadyError, MemoryLedger, host_limits, process_start_time, raise_limits
 
 
 def sysctls(root: Path, instances: int, watches: int) -> None:
@@ -33,3 +35,29 @@ def test_low_inotify_limits_are_raised_to_fit_every_sandbox_at_its_bound(tmp_pat
 def test_an_unreadable_limit_says_which(tmp_path: Path) -> None:
     with pytest.raises(HostNotReadyError, match="max_user_instances"):
         raise_limits(root=tmp_path)
+
+
+def test_the_memory_ledger_sums_the_other_live_servers(tmp_path: Path) -> None:
+    ledger = MemoryLedger(tmp_path)
+    with ledger.committing("/srv/a") as (elsewhere, publish):
+        assert elsewhere == 0
+        publish(1024)
+    with ledger.committing("/srv/b") as (elsewhere, publish):
+        assert elsewhere == 1024, "another server's commitment counts"
+        publish(512)
+    with ledger.committing("/srv/a") as (elsewhere, publish):
+        assert elsewhere == 512, "its own entry is not counted twice"
+        publish(256)
+    state = json.loads((tmp_path / "memory.json").read_text())
+    state["servers"]["/srv/b"]["started"] = -1  # the same pid, another process: b has ended
+    (tmp_path / "memory.json").write_text(json.dumps(state))
+    with ledger.committing("/srv/a") as (elsewhere, _):
+        assert elsewhere == 0
+    assert "/srv/b" not in json.loads((tmp_path / "memory.json").read_text())["servers"], "an ended server is dropped"
+
+
+def test_a_process_start_time_names_one_process() -> None:
+    mine = process_start_time(os.getpid())
+    assert isinstance(mine, int)
+    assert process_start_time(os.getpid()) == mine
+    assert process_start_time(2**22 + 1) is None  # above the kernel's pid limit: never a process
