@@ -15,6 +15,7 @@ Exceptions::
         ├── NetworkError           a network command failed (runtime._network)
         │   ├── PoolExhaustedError     every /30 of the address pool is in use
         │   └── NamesTakenError        a sandbox network's names exist already
+        ├── IdRangeError           no subordinate id range is free (runtime._idranges)
         ├── HostNotReadyError      the host lacks what a backend needs (runtime.host)
         └── UnknownBackendError    no backend of that name (runtime.backends; also a ValueError)
 
