@@ -167,7 +167,13 @@ class Admission:
             if self._ledger is None:
                 self._check(records, reserved, owner, sandbox_id, memory_mb, new=new, elsewhere_mb=0)
             else:  # the host's lock too: another server's check waits for this one's answer
-                await asyncio.to_thread(self._check_on_host, records, reserved, owner, sandbox_id, memory_mb, new=new)
+                await asyncio.to_thread(
+                    self._on_host,
+                    lambda elsewhere: (
+                        memory_mb
+                        + self._check(records, reserved, owner, sandbox_id, memory_mb, new=new, elsewhere_mb=elsewhere)
+                    ),
+                )
             self._reserved[sandbox_id] = _Reservation(owner, memory_mb)
         try:
             yield
@@ -175,20 +181,11 @@ class Admission:
             self._reserved.pop(sandbox_id, None)
             await self.publish()
 
-    def _check_on_host(
-        self,
-        records: list[SandboxRecord],
-        reserved: dict[str, _Reservation],
-        owner: str,
-        sandbox_id: str,
-        memory_mb: int,
-        *,
-        new: bool,
-    ) -> None:
+    def _on_host(self, total_mb: Callable[[int], int]) -> None:
+        """Under the host's lock: publish ``total_mb(what the other servers hold)`` as this server's."""
         assert self._ledger is not None
         with self._ledger.committing(self._server) as (elsewhere_mb, publish):
-            committed = self._check(records, reserved, owner, sandbox_id, memory_mb, new=new, elsewhere_mb=elsewhere_mb)
-            publish(committed + memory_mb)
+            publish(total_mb(elsewhere_mb))
 
     async def publish(self) -> None:
         """Tell the host's ledger what this server holds now (kills, pauses and failed starts give memory back)."""
@@ -196,13 +193,8 @@ class Admission:
             return
         async with self._lock:
             records = await self._store.all(LIVE_STATES | MEMORY_STATES)
-            held = _memory(records, dict(self._reserved))
-            await asyncio.to_thread(self._publish_on_host, sum(held.values()))
-
-    def _publish_on_host(self, committed_mb: int) -> None:
-        assert self._ledger is not None
-        with self._ledger.committing(self._server) as (_, publish):
-            publish(committed_mb)
+            held = sum(_memory(records, dict(self._reserved)).values())
+            await asyncio.to_thread(self._on_host, lambda _elsewhere: held)
 
     def _check(
         self,

@@ -14,8 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import fields
@@ -24,8 +22,9 @@ from typing import Any
 
 import pytest
 
-from conformance._endpoint import EndpointError, ManagedServer
+from conformance._endpoint import ManagedServer
 from reference_server._config import ServerConfig
+from tests.servers import managed_server
 
 from ._harness import Api
 
@@ -91,27 +90,9 @@ def running_server(name: str, failed: Callable[[], bool] = lambda: False, **sett
 
     Its log is kept when the block raised or ``failed()`` says a test using it failed.
     """
-    data_dir = Path(tempfile.mkdtemp(prefix=f"e2b-reliability-{name}-", dir="/var/tmp"))
-    data_dir.chmod(0o755)
     env, _ = known_settings({**SETTINGS, **settings})
-    server = ManagedServer(data_dir, data_dir.with_suffix(".log"), extra_env=env)
-    passed = False
-    try:
-        try:
-            server.start()
-        except EndpointError as exc:
-            pytest.fail(str(exc))
+    with managed_server(f"reliability-{name}", env, keep_log=failed) as server:
         yield server
-        passed = True
-    finally:
-        server.stop()
-        server.release_everything()
-        leftovers = [line for line in Path("/proc/mounts").read_text().splitlines() if str(data_dir) in line]
-        with contextlib.suppress(OSError):
-            shutil.rmtree(data_dir)
-        assert not leftovers, f"mounts left behind: {leftovers}"
-        if passed and not failed():  # a failed scenario's server log is kept for reading
-            server.log.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="package")

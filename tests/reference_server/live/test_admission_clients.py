@@ -14,8 +14,7 @@ import pytest
 
 from conformance._clients import PythonClients
 from conformance._endpoint import ManagedServer
-
-from .conftest import managed_server
+from tests.servers import managed_server
 
 pytestmark = [pytest.mark.artifacts]
 
@@ -41,7 +40,7 @@ print("left:", len(Sandbox.list().next_items()), flush=True)
 @pytest.fixture(scope="module")
 def one_at_a_time() -> Iterator[ManagedServer]:
     with managed_server(
-        "admission", {"E2B_COMPAT_SERVER_OWNER_MAX_RUNNING": "1", "E2B_COMPAT_SERVER_TEMPLATES": "base"}
+        "compat-admission", {"E2B_COMPAT_SERVER_OWNER_MAX_RUNNING": "1", "E2B_COMPAT_SERVER_TEMPLATES": "base"}
     ) as server:
         yield server
 

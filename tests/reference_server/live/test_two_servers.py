@@ -21,8 +21,9 @@ from conformance._cases import cases
 from conformance._clients import NodeClients, PythonClients
 from conformance._endpoint import ManagedServer
 from conformance._scenarios import ScenarioError, ScenarioRunner
+from tests.servers import managed_server
 
-from .conftest import SCENARIOS, managed_server
+from .conftest import SCENARIOS
 
 pytestmark = [pytest.mark.artifacts]
 
@@ -40,7 +41,7 @@ sbx.kill()
 
 @contextlib.contextmanager
 def _server(name: str) -> Iterator[ManagedServer]:
-    with managed_server(name) as server:
+    with managed_server(f"compat-{name}") as server:
         server.second_api_key = server.issue_key("second-owner")
         yield server
 
