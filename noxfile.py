@@ -47,8 +47,8 @@ LINT_PATHS = [
 def tests(session: nox.Session) -> None:
     """Run the test suite (pass pytest arguments after ``--``)."""
     session.install("-e", ".[contract,dev]")
-    if os.geteuid() == 0:  # sandboxes need host packages and a cgroup fix; say what is done
-        session.run("e2b-compat", "host", "prepare")
+    if os.geteuid() == 0:  # every backend's sandboxes need host packages (and crun a cgroup fix); say what is done
+        session.run("e2b-compat", "host", "prepare", "--backend", "all")
     session.run("pytest", *session.posargs)
 
 
@@ -61,8 +61,13 @@ def reliability(session: nox.Session) -> None:
     """
     session.install("-e", ".[contract,dev]")
     if os.geteuid() == 0:
-        session.run("e2b-compat", "host", "prepare")
-    session.run("pytest", "tests/reliability", *session.posargs)
+        session.run("e2b-compat", "host", "prepare", "--backend", "all")
+    session.run(
+        "pytest",
+        "tests/reliability",
+        *session.posargs,
+        env={"E2B_COMPAT_RELIABILITY_BACKENDS": os.environ.get("E2B_COMPAT_RELIABILITY_BACKENDS", "all")},
+    )
 
 
 @nox.session(python=PYTHON)
@@ -90,8 +95,9 @@ def bench(session: nox.Session) -> None:
     """Benchmarks reported against floors measured in the same run, never asserted.
 
     ``nox -s bench -- --iterations 500`` for more samples; results go to reports/bench/.
-    As root it also runs crun, the reference server and its code interpreter (each with its own
-    bounded defaults; ``python -m benchmarks.interpreter --help`` for the interpreter's).
+    As root it also runs crun, the reference server and its code interpreter, and the reference
+    server on every serving backend side by side (reports/bench/backends.md), each with its own
+    bounded defaults (``python -m benchmarks.backends --help``, ``benchmarks.interpreter --help``).
     """
     session.install("-e", ".[contract,dev]")
     session.run("python", "-m", "benchmarks.agent", *session.posargs)
@@ -100,6 +106,8 @@ def bench(session: nox.Session) -> None:
         session.run("python", "-m", "benchmarks.crun", *session.posargs)
         session.run("python", "-m", "benchmarks.server")
         session.run("python", "-m", "benchmarks.interpreter")
+        # Every serving backend of the table side by side (each prepares its own host set-up).
+        session.run("python", "-m", "benchmarks.backends")
 
 
 @nox.session(python=PYTHON)
@@ -107,14 +115,30 @@ def conformance(session: nox.Session) -> None:
     """Run the conformance harness and write a signed report under reports/; fails when the gate fails.
 
     With no arguments it starts the reference server on its embedded defaults (root: crun
-    sandboxes) and tests it with the pinned clients. Everything after ``--`` goes to
-    ``e2b-compat conformance run`` (``--help`` lists the options: another endpoint, other client
-    versions for an SDK sweep, a case filter).
+    sandboxes) and tests it with the pinned clients; ``-- --backend gvisor`` on another backend of
+    the table, ``-- --backend all`` on each in turn (one signed report each, and a signed matrix).
+    Everything after ``--`` goes to ``e2b-compat conformance run`` (``--help`` lists the options:
+    another endpoint, other client versions for an SDK sweep, a case filter).
     """
     session.install("-e", ".[conformance]")
     if os.geteuid() == 0 and not any(arg.startswith("--endpoint") for arg in session.posargs):
-        session.run("e2b-compat", "host", "prepare")
+        # The run prepares the host for each backend it starts our server on; this also makes the
+        # server's names resolve. "all" (or none) prepares for crun here, the rest in the run.
+        backend = _option(session.posargs, "--backend")
+        named = [] if backend in (None, "all") else ["--backend", backend]
+        session.run("e2b-compat", "host", "prepare", *named)
     session.run("e2b-compat", "conformance", "run", *session.posargs)
+
+
+def _option(args: list[str], name: str) -> str | None:
+    """The value of ``name VALUE`` or ``name=VALUE`` in ``args`` (the last one), else None."""
+    found = None
+    for index, arg in enumerate(args):
+        if arg == name and index + 1 < len(args):
+            found = args[index + 1]
+        elif arg.startswith(name + "="):
+            found = arg.partition("=")[2]
+    return found
 
 
 @nox.session(python=PYTHON)

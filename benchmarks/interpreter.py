@@ -7,7 +7,9 @@ sandboxes of ``code-interpreter-v1`` and ``base``):
 - first-run latency: ``Sandbox.create()`` → first ``run_code("1+1")`` result, over ``--sandboxes``
   sandboxes; floor: ``base`` ``Sandbox.create()`` → first ``commands.run("true")``, interleaved;
 - warm round trip: p50/p90 of ``--runs`` ``run_code("1+1")`` on one sandbox; floor:
-  ``commands.run("true")`` on the same sandbox (envd, the same edge and network path), interleaved.
+  ``commands.run("true")`` on the same sandbox (envd, the same edge and network path), interleaved;
+  then ``--runs`` warm runs in each other language (JavaScript, TypeScript, R, Java, Bash), each
+  with its ratio to the same floor.
 
 Prints p50/p90 and the ratios to the floors, writes JSON. Nothing is asserted. Counts are capped
 and the client run has a time budget; every sandbox is killed by the client, and whatever the
@@ -96,6 +98,12 @@ def run(sandboxes: int, runs: int, budget_s: float) -> dict[str, Any]:
     }
     report[f"ratio: {FIRST} / floor (p50)"] = {"ratio": report[FIRST]["p50_ms"] / report[FIRST_FLOOR]["p50_ms"]}
     report[f"ratio: {WARM} / floor (p50)"] = {"ratio": report[WARM]["p50_ms"] / report[WARM_FLOOR]["p50_ms"]}
+    for name, values in samples.items():
+        language = name.removeprefix("warm_run_code_")
+        if language != name and values:
+            label = f"interpreter: warm run_code in {language}"
+            report[label] = quantiles(values)
+            report[f"ratio: {label} / floor (p50)"] = {"ratio": report[label]["p50_ms"] / report[WARM_FLOOR]["p50_ms"]}
     report["done"] = client["done"]
     return report
 

@@ -7,7 +7,9 @@ clients configured only by the server's four variables:
   (template ``code-interpreter-v1``) → first ``run_code("1+1")`` result, and the floor
   ``e2b.Sandbox.create()`` (template ``base``) → first ``commands.run("true")`` result;
 - on one code-interpreter sandbox, alternating: ``run_code("1+1")`` and its floor
-  ``commands.run("true")`` (envd on the same sandbox) round trips.
+  ``commands.run("true")`` (envd on the same sandbox) round trips, then the same warm
+  ``run_code`` in each other language (``LANGUAGES``), each after one untimed first run that
+  starts its kernel.
 
 One untimed create per template comes first (a first create may build the template). Sampling
 stops early, saying so, once the budget is spent. Every sandbox is killed before the next is
@@ -27,6 +29,14 @@ from e2b import Sandbox as BaseSandbox
 from e2b_code_interpreter import Sandbox  # type: ignore[import-not-found]
 
 WARM_UP_REQUEST_TIMEOUT_S = 1800  # a first create may wait for a template build
+# Language → the warm run's code and the answer that shows it ran (text, or stdout for bash).
+LANGUAGES = {
+    "javascript": ("1+1", "2"),
+    "typescript": ("const two: number = 1 + 1; two", "2"),
+    "r": ("1+1", "[1] 2"),
+    "java": ("1+1", "2"),
+    "bash": ("echo 2", "2\n"),
+}
 
 
 def _interpreter_first_run() -> tuple[float, float]:
@@ -112,6 +122,18 @@ def main() -> None:
             sbx.commands.run("true")
             samples["warm_commands_run"].append(time.perf_counter() - start)
             done["runs"] += 1
+        for language, (code, answer) in LANGUAGES.items():
+            samples[f"warm_run_code_{language}"] = []
+            first = sbx.run_code(code, language=language)  # starts the language's kernel: not timed
+            if (first.text if language != "bash" else "".join(first.logs.stdout)) != answer:
+                raise SystemExit(f"{language}: run_code({code!r}) answered {first!r}")
+            for _ in range(runs):
+                if time.monotonic() > deadline:
+                    done["stopped_early"] = True
+                    break
+                start = time.perf_counter()
+                sbx.run_code(code, language=language)
+                samples[f"warm_run_code_{language}"].append(time.perf_counter() - start)
     finally:
         sbx.kill()
     print(json.dumps({"samples": samples, "done": done}))

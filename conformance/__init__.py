@@ -18,7 +18,7 @@ if _TYPE_CHECKING:
     from ._model import CaseResult, ClientInfo, Outcome, RunInfo, Target
     from ._mutant_run import HEAVY_LOCK, MutantOptions, main_mutants
     from ._run import RunOptions, endpoint_from_environment, main_run
-    from ._signing import verify
+    from ._signing import SigningKeyError, load_or_create_signing_key, verify
 
 # Loaded on first use (PEP 562): the scenario and client modules must not pull in the report stack.
 _LAZY = {
@@ -44,6 +44,8 @@ _LAZY = {
     "endpoint_from_environment": "_run",
     "main_run": "_run",
     "verify": "_signing",
+    "SigningKeyError": "_signing",
+    "load_or_create_signing_key": "_signing",
 }
 
 
@@ -64,10 +66,12 @@ __all__ = [
     "Outcome",
     "RunInfo",
     "RunOptions",
+    "SigningKeyError",
     "Target",
     "endpoint_from_environment",
     "ensure_node_clients",
     "ensure_python_clients",
+    "load_or_create_signing_key",
     "load_report",
     "main_mutants",
     "main_run",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from . import _checks as checks
@@ -448,6 +449,8 @@ CASES: tuple[Case, ...] = (
     _interpreter("interpreter/results/dataframe", ALL, (), interpreter_checks.interpreter_dataframe),
     _interpreter("interpreter/results/matplotlib", ALL, (), interpreter_checks.interpreter_matplotlib),
     _interpreter("interpreter/results/display", ALL, (), interpreter_checks.interpreter_display),
+    _interpreter("interpreter/results/charts", ALL, (), interpreter_checks.interpreter_charts),
+    _interpreter("interpreter/results/rich", ALL, (), interpreter_checks.interpreter_rich),
     _interpreter("interpreter/errors/traceback", ALL, (), interpreter_checks.interpreter_traceback),
     _interpreter("interpreter/execution-count", ALL, (), interpreter_checks.interpreter_execution_count),
     _interpreter(
@@ -481,11 +484,24 @@ CASES: tuple[Case, ...] = (
         ("interpreter.contexts.create",),
         interpreter_checks.interpreter_concurrent,
     ),
+    *(
+        _interpreter(
+            f"interpreter/languages/{language}",
+            ALL,
+            ("interpreter.contexts.create", "interpreter.contexts.list", "interpreter.contexts.remove"),
+            partial(interpreter_checks.interpreter_language, language=language),
+            fields=(
+                *on(EXECUTE, "body.language", "body.env_vars"),
+                *on("interpreter.contexts.create", "body.language"),
+            ),
+        )
+        for language in interpreter_checks.LANGUAGE_ANSWERS
+    ),
     _interpreter(
-        "interpreter/languages/bash",
+        "interpreter/languages/unknown",
         ALL,
         (),
-        interpreter_checks.interpreter_languages,
+        interpreter_checks.interpreter_unknown_language,
         fields=on(EXECUTE, "body.language"),
     ),
     # Its raw GET /health probes test the edge's traffic-token rule, not the route (the SDKs never

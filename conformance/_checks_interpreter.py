@@ -25,7 +25,7 @@ TIMEOUT_ERRORS = ("TimeoutException", "TimeoutError")
 REFUSED = ("SandboxException", "NotFoundException", "SandboxError", "NotFoundError")
 
 
-UNSUPPORTED_LANGUAGES = ("r", "java", "javascript", "typescript")
+UNKNOWN_LANGUAGE = "cobol"  # no template has a kernel for it
 
 
 CONTEXT_CWD = "/tmp"  # noqa: S108 - the folder the scenario gives its context, inside the sandbox
@@ -101,6 +101,68 @@ def interpreter_matplotlib(r: dict[str, Any], work: str) -> None:
     assert all(math.isclose(a, b) for p, q in zip(points, expected, strict=True) for a, b in zip(p, q, strict=True)), (
         points
     )
+
+
+# Per chart cell of scenarios/interpreter/results.json: the chart the clients hand over. Bars,
+# slices and boxes are checked by label and by one field each kind must carry.
+CHARTS: dict[str, dict[str, Any]] = {
+    "scatter": {"class": "ScatterChart", "title": "Dots", "labels": ["dots"], "field": None},
+    "bar": {"class": "BarChart", "title": "Counts", "labels": ["a", "b", "c"], "field": "value"},
+    "pie": {"class": "PieChart", "title": "Shares", "labels": ["x", "y", "z"], "field": "angle"},
+    "box_and_whisker": {"class": "BoxAndWhiskerChart", "title": "Spread", "labels": ["A", "B"], "field": "median"},
+    "superchart": {"class": "SuperChart", "title": "Both", "labels": None, "field": None},
+}
+
+
+def _the_chart(execution: dict[str, Any], kind: str) -> dict[str, Any]:
+    assert execution["error"] is None, f"{kind}: {execution['error']}"
+    charts = [result["chart"] for result in execution["results"] if result["chart"] is not None]
+    assert len(charts) == 1, f"{kind}: one chart expected: {execution['results']}"
+    images = [result for result in execution["results"] if result["png_head"] == PNG_MAGIC]
+    assert len(images) == 1, f"{kind}: the chart comes with its PNG: {execution['results']}"
+    chart: dict[str, Any] = charts[0]
+    return chart
+
+
+def interpreter_charts(r: dict[str, Any], work: str) -> None:
+    assert set(r) == set(CHARTS), sorted(r)
+    for kind, expected in CHARTS.items():
+        chart = _the_chart(r[kind], kind)
+        assert chart["type"] == kind, f"{kind}: type {chart['type']!r}"
+        if chart["class"] is not None:  # the Python clients parse charts into typed classes
+            assert chart["class"] == expected["class"], f"{kind}: {chart['class']}"
+        assert chart["title"] == expected["title"], f"{kind}: title {chart['title']!r}"
+        elements = chart["elements"]
+        if kind == "superchart":
+            inner = [element.get("chart") or {} for element in elements]
+            seen = [(chart.get("type"), chart.get("title")) for chart in inner]
+            assert seen == [("line", "Left"), ("bar", "Right")], f"superchart: its charts {seen}"
+            continue
+        assert [element["label"] for element in elements] == expected["labels"], f"{kind}: {elements}"
+        if expected["field"] is None:
+            points = [[float(x), float(y)] for x, y in elements[0]["points"]]
+            assert points == [[1.0, 4.0], [2.0, 5.0], [3.0, 6.0]], f"{kind}: {points}"
+        else:
+            for element in elements:
+                assert expected["field"] in element["fields"], f"{kind}: no {expected['field']}: {element}"
+
+
+def interpreter_rich(r: dict[str, Any], work: str) -> None:
+    assert r["error"] is None, r["error"]
+    assert r["stdout"] == ["True\n"], f"savefig wrote no file: {r['stdout']}"
+    results = r["results"]
+    assert all(result["is_main_result"] is False for result in results), "every result is a display"
+    assert len(results) == 6, f"six displays expected (SVG, LaTeX, JSON, JS, PIL, the figure): {results}"
+    svg, latex, data, script, picture, figure = results
+    assert (svg["svg"] or "").startswith("<svg"), svg
+    assert latex["latex"] == "$e^{i\\pi} + 1 = 0$", latex
+    assert data["json"] == {"answer": 42}, data
+    assert script["javascript"] == "console.log('hi')", script
+    assert picture["png_head"] == PNG_MAGIC, f"PIL's image is a PNG: {picture}"
+    assert picture["chart"] is None, "a picture is no chart"
+    assert figure["png_head"] == PNG_MAGIC, f"the figure savefig drew is shown at the end: {figure}"
+    assert figure["chart"] is not None, figure
+    assert figure["chart"]["type"] == "line", figure["chart"]
 
 
 def interpreter_display(r: dict[str, Any], work: str) -> None:
@@ -190,27 +252,89 @@ def interpreter_concurrent(r: dict[str, Any], work: str) -> None:
     assert b_start < a_end, f"b started after a had finished: the two contexts did not run together: {spans}"
 
 
-def interpreter_languages(r: dict[str, Any], work: str) -> None:
-    bash = r["bash"]
-    assert bash["error"] is None, bash["error"]
-    assert bash["stdout"] == ["hi\n"], bash["stdout"]
-    assert set(r["unsupported"]) == set(UNSUPPORTED_LANGUAGES), r["unsupported"]
-    for language, outcome in r["unsupported"].items():
-        raised, message = outcome["raised"], outcome["message"]
-        assert raised is not None, f"{language}: run_code succeeded, but the template has no {language} kernel"
-        assert raised in REFUSED, f"{language}: raised {raised} ({message!r}), not the client's refusal"
-        # The status text is the server's own choice (upstream: 500 from the failed kernel start);
-        # only the form is checked. The JS client reports "<status> <statusText>" without the
-        # body for anything but 404/502, so only the other messages can name the language.
-        if raised == "SandboxError":
-            assert re.match(r"[45]\d\d\b", message), f"{language}: {message!r}"
-            continue
-        if raised == "SandboxException":
-            assert re.match(r"[45]\d\d: ", message), f"{language}: {message!r}"
-        names = LANGUAGE_NAMES.get(language, (language,))
-        assert any(re.search(rf"\b{re.escape(name)}\b", message, re.IGNORECASE) for name in names), (
-            f"{language}: the answer does not name the language: {message!r}"
-        )
+def interpreter_unknown_language(r: dict[str, Any], work: str) -> None:
+    raised, message = r["raised"], r["message"]
+    language = UNKNOWN_LANGUAGE
+    assert raised is not None, f"run_code in {language!r} succeeded, but no template has a {language} kernel"
+    assert raised in REFUSED, f"{language}: raised {raised} ({message!r}), not the client's refusal"
+    # The status text is the server's own choice (upstream: 500 from the failed kernel start); only
+    # the form is checked. The JS client reports "<status> <statusText>" without the body for
+    # anything but 404/502, so only the other messages can name the language.
+    if raised == "SandboxError":
+        assert re.match(r"[45]\d\d\b", message), f"{language}: {message!r}"
+        return
+    if raised == "SandboxException":
+        assert re.match(r"[45]\d\d: ", message), f"{language}: {message!r}"
+    assert re.search(rf"\b{language}\b", message, re.IGNORECASE), f"the answer does not name {language}: {message!r}"
+
+
+# What the steps of scenarios/interpreter/languages.json answer in each language: where the
+# answer shows ("text" of the main result, "display" for the first result's text, or "stdout"),
+# and the error's name and value, as each kernel gives them: IRkernel shows every value as display
+# data (so an R run has no main result and no Execution.text) and names every error ERROR; jjava
+# names every exception RuntimeException; bash_kernel names none and gives the exit status.
+LANGUAGE_ANSWERS: dict[str, dict[str, Any]] = {
+    "javascript": {"kept": ("text", "42"), "extra": ("text", '"a/b"'), "error": ("TypeError", "boom")},
+    "typescript": {"kept": ("text", "42"), "extra": ("text", '"a/b"'), "error": ("RangeError", "boom")},
+    "r": {
+        "kept": ("display", "[1] 42"),
+        "extra": ("display", '[1] "a/b"'),
+        "error": ("ERROR", "Error in eval(expr, envir, enclos): boom\n"),
+    },
+    "java": {
+        "kept": ("text", "42"),
+        "extra": ("text", "a/b"),
+        "error": ("RuntimeException", "java.lang.IllegalStateException, boom"),
+    },
+    "bash": {"kept": ("stdout", "42\n"), "extra": ("stdout", "a/b\n"), "error": ("", "2"), "traceback": False},
+}
+RUN_VALUE = """it's "q" \\ $HOME \\u0022 ü €"""  # languages.json's _run_value
+HOME = "/home/user"
+
+
+def _answer(execution: dict[str, Any], where: str) -> str | None:
+    if where == "stdout":
+        return "".join(execution["stdout"])
+    shown = execution["results"] if where == "display" else _main_results(execution)
+    return shown[0]["text"] if shown else None
+
+
+def interpreter_language(r: dict[str, Any], work: str, *, language: str) -> None:
+    answers = LANGUAGE_ANSWERS[language]
+    at_start = r["at_start"]
+    for default in ("python", "javascript"):  # upstream's server starts these two
+        assert {"language": default, "cwd": HOME} in at_start, f"no default {default} context listed: {at_start}"
+    for step in ("hello", "kept", "cwd", "extra", "after_error", "context_cwd"):
+        assert r[step]["error"] is None, f"{language} {step}: {r[step]['error']}"
+    assert r["hello"]["stdout"] == ["hello\n"], r["hello"]["stdout"]
+    where, kept = answers["kept"]
+    assert _answer(r["kept"], where) == kept, f"{language}: state across runs: {r['kept']}"
+    assert _answer(r["after_error"], where) == kept, f"{language}: an error lost the state: {r['after_error']}"
+    where, extra = answers["extra"]
+    assert _answer(r["extra"], where) == extra, f"{language}: {r['extra']}"
+    assert "".join(r["cwd"]["stdout"]) == f"{HOME}\n", f"{language}: the default context's cwd: {r['cwd']['stdout']}"
+    env = {name: "".join(run["stdout"]) for name, run in r["env"].items()}
+    assert env == {
+        "before": "<unset>|g\n",
+        "during": f"{RUN_VALUE}|override\n",
+        "after": "<unset>|g\n",
+    }, f"{language}: per-run env vars over the sandbox's: {env}"
+    error = r["error"]["error"]
+    assert error is not None, f"{language}: the error step raised nothing: {r['error']}"
+    assert (error["name"], error["value"]) == answers["error"], f"{language}: {error}"
+    assert isinstance(error["traceback"], str), f"{language}: {error}"
+    if answers.get("traceback", True):
+        assert error["traceback"], f"{language}: no traceback: {error}"
+    else:
+        assert error["traceback"] == "", f"{language}: {error}"
+    names = LANGUAGE_NAMES.get(language, (language,))
+    assert r["created"]["language"] in names, r["created"]
+    assert r["created"]["cwd"] == CONTEXT_CWD, r["created"]
+    assert [entry["cwd"] for entry in r["listed"]] == [CONTEXT_CWD], r["listed"]
+    assert r["listed"][0]["language"] in names, r["listed"]
+    assert "".join(r["context_cwd"]["stdout"]) == f"{CONTEXT_CWD}\n", r["context_cwd"]
+    where, _ = answers["kept"]
+    assert _answer(r["context_get"], where) != kept, f"{language}: a new context saw the default's state"
 
 
 def interpreter_private_traffic(r: dict[str, Any], work: str) -> None:

@@ -7,6 +7,9 @@ owner's key is optional (the owner-isolation case is skipped without it, saying 
 ``ManagedServer`` runs ``e2b-compat serve`` on a data folder of its own, in a process group of
 its own, configured only through its documented variables, and can be stopped with any signal
 and started again (the crash tests do that). ``ExternalEndpoint`` is anything else.
+
+This is the harness's one door to the runtime (only our own server has a backend): the serving
+backends, their feature lists and their host preparation are read here, from ``runtime.backends``.
 """
 
 from __future__ import annotations
@@ -19,10 +22,22 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["CLIENT_VARIABLES", "Endpoint", "ExternalEndpoint", "ManagedServer", "free_port", "read_env_file"]
+__all__ = [
+    "CLIENT_VARIABLES",
+    "Endpoint",
+    "ExternalEndpoint",
+    "ManagedServer",
+    "backend_features",
+    "free_port",
+    "prepare_backend_host",
+    "read_env_file",
+    "runtime_features",
+    "serving_backends",
+]
 
 CLIENT_VARIABLES = ("E2B_API_KEY", "E2B_DOMAIN", "SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS")
 READY_LINE = "e2b-compat server ready"  # printed by reference_server._server once it listens
@@ -46,6 +61,38 @@ def free_port() -> int:
                 except OSError:
                     continue
             return port
+
+
+def serving_backends() -> tuple[str, ...]:
+    """The backends our server can run on (``runtime.backends``), in the table's order."""
+    from runtime.backends import serving_backends as serving  # noqa: PLC0415 - the table is cheap to import
+
+    return serving()
+
+
+def runtime_features() -> tuple[str, ...]:
+    """Every feature a backend may lack (``runtime.backend.Feature`` values), sorted."""
+    from runtime.backend import Feature  # noqa: PLC0415
+
+    return tuple(sorted(feature.value for feature in Feature))
+
+
+def backend_features(name: str) -> tuple[str, ...]:
+    """What the table says backend ``name`` provides, sorted, without opening it."""
+    from runtime.backends import backend_entry  # noqa: PLC0415
+
+    return tuple(sorted(feature.value for feature in backend_entry(name).features()))
+
+
+def prepare_backend_host(name: str, say: Callable[[str], None]) -> None:
+    """Install and check what backend ``name`` needs (as ``e2b-compat host prepare --backend``)."""
+    from runtime.backend import SandboxRuntimeError  # noqa: PLC0415
+    from runtime.backends import backend_entry  # noqa: PLC0415
+
+    try:
+        backend_entry(name).prepare_host(say)
+    except SandboxRuntimeError as exc:
+        raise EndpointError(f"the host is not ready for {name}: {exc}") from exc
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -184,6 +231,8 @@ class ManagedServer:
         async def kill_all() -> None:
             for info in await backend.list():
                 await backend.kill(info.sandbox_id)
+            # What the server's own kills left to finish (docker: containers its reaper had not removed).
+            await backend.reconcile()
 
         asyncio.run(kill_all())
 

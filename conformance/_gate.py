@@ -5,7 +5,8 @@ flavours, in groups with a short "why". ``evaluate`` checks a run's coverage aga
 (operation, flavour) that is not green (failed, known failure, declared unsupported, skipped, or a
 gap: no case covers it, or no case of that flavour ran) fails the gate and is named.
 
-``known-failures.json`` lists cases that fail today on purpose (``{case, flavour, reason}``).
+``known-failures.json`` lists cases that fail today on purpose (``{case, flavour, reason}``, and
+optionally ``backend``: the entry holds only for runs on that isolation backend).
 ``apply_known_failures`` turns a listed case's fail into known-fail and its pass into fixed, so a
 known failure neither hides among new failures nor lingers after it was fixed, and reports listed
 cases that no longer exist (stale entries). A known failure is still not green: listing a case does
@@ -39,6 +40,7 @@ __all__ = [
     "PolicyError",
     "apply_known_failures",
     "evaluate",
+    "for_backend",
     "load_known_failures",
     "load_policy",
 ]
@@ -133,6 +135,7 @@ class KnownFailure:
     case: str
     flavour: str
     reason: str
+    backend: str | None = None  # only runs on this backend; None: every backend
 
 
 @dataclass(frozen=True)
@@ -154,19 +157,29 @@ def load_known_failures(path: Path = KNOWN_FAILURES_PATH) -> tuple[KnownFailure,
     for index, entry in enumerate(data["known_failures"]):
         if (
             not isinstance(entry, dict)
-            or set(entry) != {"case", "flavour", "reason"}
+            or not {"case", "flavour", "reason"} <= set(entry) <= {"case", "flavour", "reason", "backend"}
             or not all(isinstance(value, str) and value.strip() for value in entry.values())
         ):
             raise PolicyError(
-                f"{path}: entry {index}: expected non-empty strings case, flavour and reason, nothing else"
+                f"{path}: entry {index}: expected non-empty strings case, flavour, reason and "
+                "optionally backend, nothing else"
             )
-        entries.append(KnownFailure(entry["case"], entry["flavour"], entry["reason"]))
-    seen: set[tuple[str, str]] = set()
+        entries.append(KnownFailure(entry["case"], entry["flavour"], entry["reason"], entry.get("backend")))
+    seen: set[tuple[str, str, str | None]] = set()
     for entry in entries:
-        if (entry.case, entry.flavour) in seen:
-            raise PolicyError(f"{path}: {entry.case} ({entry.flavour}) is listed twice")
-        seen.add((entry.case, entry.flavour))
+        if (entry.case, entry.flavour, entry.backend) in seen:
+            where = "" if entry.backend is None else f" on {entry.backend}"
+            raise PolicyError(f"{path}: {entry.case} ({entry.flavour}){where} is listed twice")
+        seen.add((entry.case, entry.flavour, entry.backend))
     return tuple(entries)
+
+
+def for_backend(known: Iterable[KnownFailure], backend: str) -> tuple[KnownFailure, ...]:
+    """The entries that hold for a run on ``backend``: its own before the ones for every backend."""
+    known = tuple(known)
+    own = [entry for entry in known if entry.backend == backend]
+    taken = {(entry.case, entry.flavour) for entry in own}
+    return (*own, *(e for e in known if e.backend is None and (e.case, e.flavour) not in taken))
 
 
 def apply_known_failures(results: Iterable[CaseResult], known: Iterable[KnownFailure]) -> KnownFailuresApplied:

@@ -10,6 +10,7 @@ report (they still run). A rich progress bar shows where the run is.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import subprocess
@@ -27,7 +28,7 @@ from ._cases import FAMILY_TEMPLATES, Case, cases
 from ._clients import NodeClients, PythonClients, ensure_node_clients, ensure_python_clients
 from ._endpoint import Endpoint
 from ._model import CaseResult, ClientInfo, Outcome, RunInfo, Target
-from ._scenarios import SCENARIOS, ScenarioError, ScenarioRunner
+from ._scenarios import SCENARIOS, ScenarioError, ScenarioRun, ScenarioRunner
 
 __all__ = ["ClientSet", "RunPlan", "run_cases"]
 
@@ -90,12 +91,41 @@ def _selected(plan: RunPlan) -> list[tuple[ClientSet, Case, str]]:
     ]
 
 
-def _run_one(plan: RunPlan, clients: ClientSet, case: Case, flavour: str) -> CaseResult:
+class _ScenarioRuns:
+    """Each scenario runs once per client set and flavour in a run; the cases that check it share that run.
+
+    Several cases check one scenario (a language's contexts, state and env vars...). A case's check
+    reads its own copy of the result, or meets the same failure; a worker that asks for a scenario
+    another worker is running waits for that run.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[tuple[str, ...], tuple[threading.Lock, list[ScenarioRun | BaseException]]] = {}
+
+    def run(self, key: tuple[str, ...], make: Callable[[], ScenarioRun]) -> ScenarioRun:
+        with self._lock:
+            lock, done = self._runs.setdefault(key, (threading.Lock(), []))
+        with lock:
+            if not done:
+                try:
+                    done.append(make())
+                except (ScenarioError, subprocess.TimeoutExpired) as exc:
+                    done.append(exc)
+        (ran,) = done
+        if isinstance(ran, BaseException):
+            raise ran
+        return dataclasses.replace(ran, result=copy.deepcopy(ran.result))
+
+
+def _run_one(
+    plan: RunPlan, clients: ClientSet, case: Case, flavour: str, runs: _ScenarioRuns | None = None
+) -> CaseResult:
     # Every outcome carries the fields the case covers: a failing case makes them red too.
-    return dataclasses.replace(_outcome(plan, clients, case, flavour), fields=case.fields)
+    return dataclasses.replace(_outcome(plan, clients, case, flavour, runs or _ScenarioRuns()), fields=case.fields)
 
 
-def _outcome(plan: RunPlan, clients: ClientSet, case: Case, flavour: str) -> CaseResult:
+def _outcome(plan: RunPlan, clients: ClientSet, case: Case, flavour: str, runs: _ScenarioRuns) -> CaseResult:
     info = clients.info(flavour, case.family)
     if clients.python is None or clients.node is None:
         return CaseResult(case.name, info, Outcome.SKIP, 0.0, case.operations, reason="client not installed")
@@ -115,7 +145,8 @@ def _outcome(plan: RunPlan, clients: ClientSet, case: Case, flavour: str) -> Cas
     )
     start = time.monotonic()
     try:
-        ran = runner.run(flavour, case.scenario, CASE_TIMEOUT_S)
+        key = (clients.python_version, clients.node_version, flavour, case.family, case.scenario, str(bool(extra)))
+        ran = runs.run(key, lambda: runner.run(flavour, case.scenario, CASE_TIMEOUT_S))
     except ScenarioError as exc:
         return CaseResult(case.name, info, Outcome.FAIL, time.monotonic() - start, case.operations, detail=str(exc))
     except subprocess.TimeoutExpired:
@@ -154,21 +185,27 @@ def run_cases(plan: RunPlan, *, on_result: Callable[[CaseResult], None] | None =
     ) as progress:
         task = progress.add_task("conformance", total=len(selected), current="")
         done = threading.Lock()
+        runs = _ScenarioRuns()
 
         def one(index: int) -> None:
             clients, case, flavour = selected[index]
             info = clients.info(flavour, case.family)
             progress.update(task, current=f"{flavour} {info.package} {info.version} {case.name}")
-            result = _run_one(plan, clients, case, flavour)
+            result = _run_one(plan, clients, case, flavour, runs)
             with done:  # results keep the selection's order; callbacks come one at a time
                 results[index] = result
                 if on_result is not None:
                     on_result(result)
                 progress.advance(task)
 
-        with ThreadPoolExecutor(max_workers=max(1, plan.jobs), thread_name_prefix="case") as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, plan.jobs), thread_name_prefix="case")
+        try:
             for future in [pool.submit(one, index) for index in range(len(selected))]:
                 future.result()
+        finally:
+            # An interrupt (or a failure of the harness itself) stops the run: the cases not started
+            # are dropped rather than run to the end; those under way finish.
+            pool.shutdown(wait=True, cancel_futures=True)
     endpoint = plan.endpoint
     target = Target(endpoint.server, endpoint.domain, templates(selected) or endpoint.template, endpoint.backend)
     return RunInfo(

@@ -7,7 +7,14 @@ merged here into ``matrix.json`` (canonical, like report.json) and ``matrix.md``
 - one row per report, keyed by (backend, templates, client versions): whether its signature
   holds, its gate, and per flavour the cases passed, field coverage and compatibility score;
 - the cases that did not pass everywhere, one column per (report, flavour), so that a case
-  failing only on one backend or one client version stands out.
+  failing only on one backend or one client version stands out;
+- operations x clients x backends: every inventory operation's outcome per (report, flavour);
+- every case and operation whose outcome differs between backends, each non-green cell with its
+  reason: a feature that backend lacks, a known failure, or *unexplained* (``_matrix_backends``).
+  ``unexplained`` counts those; the command and ``--backend all`` exit 1 when it is not 0.
+
+``matrix.json`` is signed like a report (``matrix.json.sig``, ``matrix.json.pub``) when a key is
+given; ``e2b-compat conformance verify OUTPUT/matrix.json`` checks it.
 
 Reports are read, validated against ``report.schema.json`` and their signatures checked; a report
 whose signature is present but wrong, a document that is not a report, or two reports with the
@@ -22,19 +29,24 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 
+from ._backend_features import provided_of
 from ._coverage import SEVERITY
+from ._matrix_backends import backend_differences, operations_table
 from ._report import REPORT_JSON, REPORT_SCHEMA_PATH
 from ._signing import signature_paths, verify
 
-__all__ = ["MatrixError", "MergedReport", "load_report", "matrix_document", "write_matrix"]
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+__all__ = ["MatrixError", "MatrixFiles", "MergedReport", "load_report", "matrix_document", "write_matrix"]
 
 MATRIX_JSON = "matrix.json"
 MATRIX_MARKDOWN = "matrix.md"
-MATRIX_SCHEMA_VERSION = "1.0"
+MATRIX_SCHEMA_VERSION = "1.1"  # 1.1: run features, operations x clients x backends, differences explained
 FLAVOURS = ("py-sync", "py-async", "js")
 
 
@@ -154,6 +166,7 @@ def matrix_document(reports: Sequence[MergedReport]) -> dict[str, Any]:
                 "signed": report.signed,
                 "fingerprint": report.fingerprint,
                 "gate_passed": report.document["gate"]["passed"],
+                "features": None if (found := provided_of(report.document["target"])) is None else sorted(found),
                 "flavours": {
                     flavour: _flavour_row(summary[flavour])
                     for flavour in FLAVOURS
@@ -172,7 +185,15 @@ def matrix_document(reports: Sequence[MergedReport]) -> dict[str, Any]:
         }
         if any(outcome not in ("pass", "fixed") for outcome in cells.values()):
             differing.append({"case": case, "cells": cells})
-    return {"schema_version": MATRIX_SCHEMA_VERSION, "runs": rows, "cases_not_passing_everywhere": differing}
+    differences = backend_differences(ordered)
+    return {
+        "schema_version": MATRIX_SCHEMA_VERSION,
+        "runs": rows,
+        "cases_not_passing_everywhere": differing,
+        "operations": operations_table(ordered),
+        "differences": differences,
+        "unexplained": sum(1 for row in differences if not row["explained"]),
+    }
 
 
 def _percent(value: float) -> str:
@@ -220,18 +241,103 @@ def to_markdown(document: dict[str, Any]) -> str:
         lines += ["| case | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 1)]
         for row in differing:
             lines.append(f"| `{row['case']}` | " + " | ".join(row["cells"].get(c, "") for c in columns) + " |")
+    lines += _features_section(runs)
+    lines += _differences_section(document)
+    lines += _operations_section(document)
     lines += ["", "Reports:", ""]
     lines += [f"{run['run']}. `{run['report']}` ({run['started_at']})" for run in runs]
     return "\n".join(lines) + "\n"
 
 
-def write_matrix(reports: Sequence[MergedReport], output: Path) -> tuple[Path, Path]:
-    """Write matrix.json and matrix.md into ``output``; nothing is written if the merge fails."""
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _columns(runs: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(key, header) per (run, flavour) that ran: ``1:js`` and ``crun js`` (run number added when a backend repeats)."""
+    backends = [run["backend"] for run in runs]
+    columns = []
+    for run in runs:
+        name = run["backend"] if backends.count(run["backend"]) == 1 else f"{run['run']}:{run['backend']}"
+        columns += [
+            (f"{run['run']}:{flavour}", f"{name} {flavour}") for flavour in FLAVOURS if flavour in run["flavours"]
+        ]
+    return columns
+
+
+def _features_section(runs: Sequence[dict[str, Any]]) -> list[str]:
+    lines = [
+        "",
+        "## Backend features",
+        "",
+        "What each run's backend provides (the backends table; unknown: not our server).",
+        "",
+    ]
+    for run in runs:
+        features = run["features"]
+        shown = "unknown" if features is None else (", ".join(f"`{f}`" for f in features) or "none")
+        lines.append(f"- run {run['run']} ({_cell(run['backend'])}): {shown}")
+    return lines
+
+
+def _differences_section(document: dict[str, Any]) -> list[str]:
+    lines = ["", "## Differences between backends", ""]
+    differences = document["differences"]
+    if not differences:
+        return [*lines, "None: every case and operation has the same outcome on every backend."]
+    lines.append(f"{len(differences)} row(s) differ; **{document['unexplained']} unexplained**.")
+    lines += ["", "| kind | case or operation | run | backend | client | outcome | why | reason |", "|" + "---|" * 8]
+    for row in differences:
+        for item in row["explanations"]:
+            why = item["why"] + (f" ({', '.join(item['features'])})" if item["features"] else "")
+            if item["why"] == "unexplained":
+                why = "**UNEXPLAINED**"
+            cells = [row["kind"], f"`{row['id']}`", str(item["run"]), item["backend"], item["flavour"], item["outcome"]]
+            lines.append("| " + " | ".join(_cell(c) for c in [*cells, why, item["reason"][:200]]) + " |")
+    return lines
+
+
+def _operations_section(document: dict[str, Any]) -> list[str]:
+    columns = _columns(document["runs"])
+    lines = ["", "## Operations x clients x backends", ""]
+    lines += [
+        "| operation | " + " | ".join(_cell(header) for _, header in columns) + " |",
+        "|" + "---|" * (len(columns) + 1),
+    ]
+    for row in document["operations"]:
+        lines.append(f"| `{row['id']}` | " + " | ".join(row["cells"].get(key, "") for key, _ in columns) + " |")
+    return lines
+
+
+@dataclass(frozen=True)
+class MatrixFiles:
+    json: Path
+    markdown: Path
+    unexplained: int  # differences between backends with no declared reason
+    signature: Path | None = None
+    public_key: Path | None = None
+
+
+def write_matrix(
+    reports: Sequence[MergedReport], output: Path, *, signing_key: Ed25519PrivateKey | None = None
+) -> MatrixFiles:
+    """Write matrix.json and matrix.md into ``output`` (and sign matrix.json when given a key).
+
+    Nothing is written if the merge fails; an existing matrix.json is never overwritten.
+    """
     document = matrix_document(reports)
     text = json.dumps(document, sort_keys=True, ensure_ascii=False, indent=2) + "\n"
     markdown = to_markdown(document)
     output.mkdir(parents=True, exist_ok=True)
     json_path, markdown_path = output / MATRIX_JSON, output / MATRIX_MARKDOWN
-    json_path.write_text(text, encoding="utf-8")
+    if json_path.exists():
+        raise MatrixError(f"{json_path} already exists; write each matrix to a new folder")
     markdown_path.write_text(markdown, encoding="utf-8")
-    return json_path, markdown_path
+    json_path.write_text(text, encoding="utf-8")
+    files = MatrixFiles(json_path, markdown_path, document["unexplained"])
+    if signing_key is None:
+        return files
+    from ._signing import sign_report  # noqa: PLC0415 - cryptography is loaded only when signing
+
+    signed = sign_report(json_path, signing_key)
+    return MatrixFiles(json_path, markdown_path, files.unexplained, signed.signature_path, signed.public_key_path)

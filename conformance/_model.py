@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["REPORT_SCHEMA_VERSION", "CaseResult", "ClientInfo", "MutationScore", "Outcome", "RunInfo", "Target"]
 
-REPORT_SCHEMA_VERSION = "1.2"
+REPORT_SCHEMA_VERSION = "1.3"
 
 
 class Outcome(enum.Enum):
@@ -73,6 +73,9 @@ class Target:
     # "base", or "base,code-interpreter-v1" when the interpreter cases ran too.
     template: str
     backend: str  # isolation backend: "crun", or "unknown" for a foreign endpoint
+    # What the backend provides (runtime.backend.Feature values, sorted) as the backends table
+    # says; None: unknown (a foreign endpoint).
+    features: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -189,6 +189,7 @@ def report_document(
             "domain": run.target.domain,
             "template": run.target.template,
             "backend": run.target.backend,
+            "features": None if run.target.features is None else sorted(run.target.features),
         },
         "contract": {"manifest_sha256": run.contract_manifest_sha256},
         "clients": [_client(c) for c in _ordered_clients({r.client for r in results})],
@@ -453,6 +454,7 @@ def to_markdown(
         f"# E2B compatibility report: {_md(target.server)}",
         "",
         f"- domain: {_md(target.domain)}; template: {_md(target.template)}; backend: {_md(target.backend)}",
+        f"- backend features: {_features_line(target.features)}",
         f"- contract manifest sha256: {_code(run.contract_manifest_sha256)}",
         f"- run: {_md(run.started_at)} to {_md(run.finished_at)}; harness {_md(run.harness_version)}",
         "",
@@ -509,6 +511,17 @@ def to_markdown(
     lines += _field_matrix(cov)
     lines += _mutation_appendix(run)
     return "\n".join(lines) + "\n"
+
+
+def _features_line(features: Sequence[str] | None) -> str:
+    """The backend's feature list, and what it lacks of the runtime's, or "unknown" (a foreign endpoint)."""
+    if features is None:
+        return "unknown (not our server: its backend's features are not known here)"
+    from ._endpoint import runtime_features  # noqa: PLC0415 - the runtime's list, through the harness's door
+
+    lacking = sorted(feature for feature in runtime_features() if feature not in features)
+    shown = ", ".join(_code(feature) for feature in sorted(features)) or "none"
+    return shown + ("; lacks " + ", ".join(_code(feature) for feature in lacking) if lacking else "; lacks none")
 
 
 def _mutation_appendix(run: RunInfo) -> list[str]:

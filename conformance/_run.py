@@ -3,15 +3,19 @@
 Order of a run:
 
 1. The endpoint: our reference server started on its embedded defaults in a scratch data folder
-   (``ManagedServer``), or the one the options or the ``E2B_*`` environment describe.
+   (``ManagedServer``) on the backend asked for (the host prepared for it first), or the one the
+   options or the ``E2B_*`` environment describe (``backend`` is then only a label). Backend
+   ``all`` runs our server on every serving backend of ``runtime.backends`` in turn, one signed
+   report each, then merges them into a signed matrix (``_matrix``).
 2. The clients: the pinned versions, plus any versions asked for (an SDK sweep); each set is an
    isolated environment installed from hash-locked files and checked unmodified first.
 3. The suites: official-client scenarios (``_cases``) per client set; wire-level cases
    (``_wire``); the features the target declares unsupported (``features.json``), each probed
    for the upstream-equivalent answer.
-4. Known failures applied, coverage against the contract inventory, the gate, the report
-   (JSON, JUnit, Markdown) signed with Ed25519; a summary table; exit status 1 when the gate fails
-   or any case fails, gated or not.
+4. Cases needing a feature the backend lacks and refused as declared become unsupported
+   (``_backend_features``); known failures applied (this backend's and every backend's); coverage
+   against the contract inventory, the gate, the report (JSON, JUnit, Markdown) signed with
+   Ed25519; a summary table; exit status 1 when the gate fails or any case fails, gated or not.
 """
 
 from __future__ import annotations
@@ -35,24 +39,26 @@ from rich.table import Table
 from contract import load_fields, load_inventory
 from contract.protocol import API_KEY_HEADER
 
+from ._backend_features import apply_missing_features, managed_features
 from ._clients import verify_node_clients, verify_python_clients
 from ._coverage import coverage, load_field_notes
-from ._endpoint import Endpoint, EndpointError, ExternalEndpoint, ManagedServer
-from ._gate import apply_known_failures, evaluate, load_known_failures, load_policy
+from ._endpoint import Endpoint, EndpointError, ExternalEndpoint, ManagedServer, prepare_backend_host, serving_backends
+from ._gate import apply_known_failures, evaluate, for_backend, load_known_failures, load_policy
 from ._harness import ClientSet, RunPlan, run_cases
-from ._model import CaseResult, ClientInfo, Outcome, RunInfo
+from ._model import CaseResult, ClientInfo, MutationScore, Outcome, RunInfo
 from ._mutant_report import MutantsFileError, load_mutation_score
 from ._properties import envd_runner, property_results
 from ._recorder import check_drift, fixture_path
-from ._report import write_report
+from ._report import ReportFiles, write_report
 from ._schema_suite import control_plane_url, operation_ids, run_schemathesis
 from ._signing import load_or_create_signing_key
 from ._wire import run_wire_cases
 
-__all__ = ["RunOptions", "main_run"]
+__all__ = ["ALL_BACKENDS", "RunOptions", "main_run", "managed_backends"]
 
 FEATURES = Path(__file__).resolve().parent / "features.json"
 FLAVOURS = ("py-sync", "py-async", "js")
+ALL_BACKENDS = "all"  # --backend all: our server on every serving backend, one after another
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,8 @@ class RunOptions:
     features: Path | None
     signing_key: Path | None
     server_name: str
+    # Our server: the backend it runs on (a serving backend of runtime.backends, or "all").
+    # Another endpoint: only a label for its report.
     backend: str
     jobs: int = 1  # scenario cases run side by side (``RunPlan.jobs``)
     mutants: Path | None = None  # a mutants session's mutants.json (or folder): the report's appendix
@@ -220,12 +228,29 @@ def _summary(console: Console, run: RunInfo, gate_passed: bool, files: Any) -> N
     console.print("[green]gate: passed[/green]" if gate_passed else "[red]gate: FAILED[/red]")
 
 
-def _start_ours(console: Console) -> tuple[ManagedServer, Path]:
+def managed_backends(backend: str) -> tuple[str, ...]:
+    """The backends our server runs on for ``--backend``: one, or every serving one for ``all``.
+
+    An unknown or non-serving name is a ``ValueError`` naming the serving ones.
+    """
+    serving = serving_backends()
+    if backend == ALL_BACKENDS:
+        return serving
+    if backend not in serving:
+        raise ValueError(f"backend {backend!r} cannot serve (serving backends: {', '.join(serving)}, or all)")
+    return (backend,)
+
+
+def _start_ours(console: Console, backend: str) -> tuple[ManagedServer, Path]:
+    def say(message: str) -> None:
+        console.print(f"host set-up ({backend}): {message}")
+
+    prepare_backend_host(backend, say)
     # Not under a private temp root: idmapped sandbox users must traverse to their layers.
     data_dir = Path(tempfile.mkdtemp(prefix="e2b-compat-conformance-", dir="/var/tmp"))
     data_dir.chmod(0o755)
-    server = ManagedServer(data_dir, data_dir.with_suffix(".log"))
-    console.print(f"endpoint: starting the reference server (data {data_dir}, log {server.log})")
+    server = ManagedServer(data_dir, data_dir.with_suffix(".log"), backend=backend)
+    console.print(f"endpoint: starting the reference server on {backend} (data {data_dir}, log {server.log})")
     server.start()
     server.second_api_key = server.issue_key("conformance-second-owner")
     return server, data_dir
@@ -235,18 +260,63 @@ def main_run(options: RunOptions) -> int:
     console = Console(stderr=True)
     try:  # read first: a wrong file must not cost a whole run
         mutation = None if options.mutants is None else load_mutation_score(options.mutants)
-    except MutantsFileError as exc:
-        console.print(f"[red]mutants: {exc}[/red]")
+        backends = managed_backends(options.backend) if options.endpoint_env is None else (options.backend,)
+    except (MutantsFileError, ValueError) as exc:
+        console.print(f"[red]{exc}[/red]")
         return 2
     client_sets = _client_sets(options, console)
+    if options.endpoint_env is not None or options.backend != ALL_BACKENDS:
+        status, _ = _run_one(options, client_sets, mutation, console)
+        return status
+    statuses, reports = [], []
+    for backend in backends:
+        output = None if options.output is None else options.output / backend
+        console.rule(f"backend {backend}")
+        status, files = _run_one(replace(options, backend=backend, output=output), client_sets, mutation, console)
+        statuses.append(status)
+        if files is not None:
+            reports.append(files.directory)
+    matrix_status = _write_backend_matrix(options, reports, console)
+    return max([*statuses, matrix_status])
+
+
+def _write_backend_matrix(options: RunOptions, reports: Sequence[Path], console: Console) -> int:
+    """The matrix of one ``--backend all`` run, signed like its reports: 1 when a difference is unexplained."""
+    from ._matrix import MatrixError, load_report, write_matrix  # noqa: PLC0415
+
+    if not reports:
+        console.print("[red]matrix: no backend produced a report[/red]")
+        return 1
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    output = options.output / "matrix" if options.output is not None else options.reports_root / f"{stamp}-matrix"
+    try:
+        written = write_matrix(
+            [load_report(path) for path in reports],
+            output,
+            signing_key=load_or_create_signing_key(options.signing_key),
+        )
+    except MatrixError as exc:
+        console.print(f"[red]matrix: {exc}[/red]")
+        return 1
+    console.print(f"matrix: {written.markdown}")
+    if written.unexplained:
+        console.print(f"[red]matrix: {written.unexplained} difference(s) between backends unexplained[/red]")
+        return 1
+    return 0
+
+
+def _run_one(
+    options: RunOptions, client_sets: Sequence[ClientSet], mutation: MutationScore | None, console: Console
+) -> tuple[int, ReportFiles | None]:
+    """One endpoint, one backend: every suite, the report; (exit status, the report written or None)."""
     managed: ManagedServer | None = None
     endpoint: Endpoint
     if options.endpoint_env is None:
         try:
-            managed, data_dir = _start_ours(console)
+            managed, data_dir = _start_ours(console, options.backend)
         except EndpointError as exc:
-            console.print(f"[red]endpoint: {exc}[/red]")
-            return 2
+            console.print(f"[red]endpoint ({options.backend}): {exc}[/red]")
+            return 2, None
         endpoint = managed
     else:
         endpoint = ExternalEndpoint(
@@ -271,7 +341,10 @@ def main_run(options: RunOptions) -> int:
             managed.stop()
             managed.release_everything()
             shutil.rmtree(data_dir, ignore_errors=True)
-    applied = apply_known_failures(run.results, load_known_failures())
+    provided = managed_features(endpoint.backend) if managed is not None else None
+    run = replace(run, target=replace(run.target, features=provided))
+    refused = apply_missing_features(run.results, endpoint.backend, provided)
+    applied = apply_known_failures(refused, for_backend(load_known_failures(), endpoint.backend))
     run = replace(run, results=tuple(applied.results), mutation=mutation)
     cov = coverage(
         run.results, load_inventory(), flavours=FLAVOURS, fields=load_fields(), field_notes=load_field_notes()
@@ -290,7 +363,7 @@ def main_run(options: RunOptions) -> int:
     failed = failed_cases(run)
     if failed and gate.passed:
         console.print(f"[red]{len(failed)} case(s) failed outside the gate: the run fails[/red]")
-    return exit_status(run, gate.passed)
+    return exit_status(run, gate.passed), files
 
 
 def failed_cases(run: RunInfo) -> list[CaseResult]:

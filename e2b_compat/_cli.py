@@ -73,10 +73,11 @@ def _agent(args: argparse.Namespace) -> int:
 def _host_prepare(args: argparse.Namespace) -> int:
     # Only this command needs the runtime; the table is cheap, a backend's module loads when used.
     from runtime.backend import BackendError  # noqa: PLC0415
-    from runtime.backends import DEFAULT_BACKEND, UnknownBackendError, backend_entry  # noqa: PLC0415
+    from runtime.backends import DEFAULT_BACKEND, UnknownBackendError, backend_entry, serving_backends  # noqa: PLC0415
 
+    names = serving_backends() if args.backend == "all" else (args.backend or DEFAULT_BACKEND,)
     try:
-        entry = backend_entry(args.backend or DEFAULT_BACKEND)
+        entries = [backend_entry(name) for name in names]
     except UnknownBackendError as exc:
         print(f"e2b-compat: {exc}", file=sys.stderr)
         return 2
@@ -86,7 +87,8 @@ def _host_prepare(args: argparse.Namespace) -> int:
         print(f"host set-up: {message}")
 
     try:
-        entry.prepare_host(say)
+        for entry in entries:
+            entry.prepare_host(say)
         # The server's names (api.<domain>, <port>-<id>.<domain>) must resolve to loopback for the
         # clients on this host, the tests included: the same check and fix as ``serve`` makes.
         domain = load_config(args.config, os.environ).domain
@@ -97,7 +99,7 @@ def _host_prepare(args: argparse.Namespace) -> int:
     except (BackendError, NameResolutionError) as exc:
         print(f"e2b-compat: host not ready: {exc}", file=sys.stderr)
         return 1
-    print(f"host ready for {entry.name} sandboxes and for names under {domain}")
+    print(f"host ready for {', '.join(entry.name for entry in entries)} sandboxes and for names under {domain}")
     return 0
 
 
@@ -113,16 +115,28 @@ def _template_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _template_lock_kernels(args: argparse.Namespace) -> int:
-    from runtime.templates import TemplateError, write_kernel_lock  # noqa: PLC0415
+def _write_lock(write: Callable[[], Path]) -> int:
+    from runtime.templates import TemplateError  # noqa: PLC0415
 
     try:
-        path = write_kernel_lock()
+        path = write()
     except TemplateError as exc:
         print(f"e2b-compat: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {path}")
     return 0
+
+
+def _template_lock_kernels(args: argparse.Namespace) -> int:
+    from runtime.templates import write_kernel_lock  # noqa: PLC0415
+
+    return _write_lock(write_kernel_lock)
+
+
+def _template_lock_packages(args: argparse.Namespace) -> int:
+    from runtime.templates import lock_packages  # noqa: PLC0415
+
+    return _write_lock(lock_packages)
 
 
 def _template_list(args: argparse.Namespace) -> int:
@@ -279,6 +293,9 @@ def _conformance_run(args: argparse.Namespace) -> int:
         if endpoint_env is None:
             print("e2b-compat: --endpoint-from-env needs E2B_API_KEY and E2B_DOMAIN", file=sys.stderr)
             return 2
+    # Our server runs on the backend named (default crun, or every serving one for "all");
+    # for another endpoint the name is only a label for its report.
+    backend = args.backend or ("unknown" if endpoint_env is not None else "crun")
     options = RunOptions(
         endpoint_env=endpoint_env,
         second_api_key=args.second_api_key,
@@ -290,7 +307,7 @@ def _conformance_run(args: argparse.Namespace) -> int:
         features=args.features,
         signing_key=args.signing_key,
         server_name=args.server_name,
-        backend=args.backend,
+        backend=backend,
         jobs=args.jobs,
         mutants=args.mutants,
     )
@@ -316,15 +333,25 @@ def _conformance_mutants(args: argparse.Namespace) -> int:
 
 
 def _conformance_matrix(args: argparse.Namespace) -> int:
-    from conformance import MatrixError, load_report, write_matrix  # noqa: PLC0415
+    from conformance import (  # noqa: PLC0415
+        MatrixError,
+        SigningKeyError,
+        load_or_create_signing_key,
+        load_report,
+        write_matrix,
+    )
 
     try:
         reports = [load_report(path, trusted_fingerprint=args.fingerprint) for path in args.reports]
-        json_path, markdown_path = write_matrix(reports, args.output)
-    except MatrixError as exc:
+        key = None if args.unsigned else load_or_create_signing_key(args.signing_key)
+        written = write_matrix(reports, args.output, signing_key=key)
+    except (MatrixError, SigningKeyError) as exc:
         print(f"e2b-compat: {exc}", file=sys.stderr)
         return 1
-    print(f"{markdown_path}\n{json_path}")
+    print(f"{written.markdown}\n{written.json}")
+    if written.unexplained:
+        print(f"e2b-compat: {written.unexplained} difference(s) between backends unexplained", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -333,11 +360,14 @@ def _add_matrix_action(actions: argparse._SubParsersAction[argparse.ArgumentPars
         "matrix",
         help="merge several reports (backends, template sets, client versions) into one compatibility matrix",
         description="Each report is validated and its signature checked; writes OUTPUT/matrix.md and "
-        "OUTPUT/matrix.json (docs/REPORT.md). Exit 1 when a report cannot be merged.",
+        "OUTPUT/matrix.json, signed like a report (docs/REPORT.md). Exit 1 when a report cannot be merged "
+        "or a difference between backends has no declared reason.",
     )
     matrix.add_argument("reports", type=Path, nargs="+", metavar="REPORT", help="a report folder or its report.json")
     matrix.add_argument("--output", type=Path, required=True, help="the folder for matrix.md and matrix.json")
     matrix.add_argument("--fingerprint", default=None, help="require every report signed by this key")
+    matrix.add_argument("--signing-key", type=Path, default=None, help="Ed25519 key (default: as for conformance run)")
+    matrix.add_argument("--unsigned", action="store_true", help="do not sign matrix.json")
     matrix.set_defaults(func=_conformance_matrix)
 
 
@@ -388,8 +418,16 @@ def _add_conformance_group(groups: argparse._SubParsersAction[argparse.ArgumentP
     run = actions.add_parser(
         "run",
         help="run every suite against an endpoint and write a signed report; exit 1 when the gate or a case fails",
-        description="Without endpoint options it starts the reference server on its embedded defaults (root). "
+        description="Without endpoint options it starts the reference server on its embedded defaults (root), "
+        "on --backend (default crun; 'all': every serving backend in turn, one report each and a matrix). "
         "Reports go to reports/<time>-<backend>-<template>/ (docs/REPORT.md).",
+    )
+    run.add_argument(
+        "--backend",
+        default=None,
+        metavar="NAME",
+        help="our server's sandbox backend (the host is prepared for it), or 'all'; with another "
+        "endpoint only a label for its report (default: crun, or unknown for another endpoint)",
     )
     endpoint = run.add_argument_group("another endpoint (any E2B-compatible service)")
     endpoint.add_argument("--endpoint-domain", default=None, metavar="DOMAIN[:PORT]", help="its E2B_DOMAIN")
@@ -404,7 +442,6 @@ def _add_conformance_group(groups: argparse._SubParsersAction[argparse.ArgumentP
     )
     endpoint.add_argument("--second-api-key", default=None, help="another owner's key (owner isolation cases)")
     endpoint.add_argument("--server-name", default="external", help="how the report names the endpoint")
-    endpoint.add_argument("--backend", default="unknown", help="its isolation backend, for the report")
     endpoint.add_argument("--features", type=Path, default=None, help="its declared unsupported features (JSON)")
     sweep = run.add_argument_group("SDK-version sweep")
     sweep.add_argument("--python-version", action="append", metavar="VERSION", help="a Python e2b version (repeatable)")
@@ -479,7 +516,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="install and check what a sandbox backend needs (crun: crun/nftables/debootstrap, the cgroup fix; root)",
     )
     prepare.add_argument(
-        "--backend", metavar="NAME", default=None, help="the sandbox backend to prepare the host for (default: crun)"
+        "--backend",
+        metavar="NAME",
+        default=None,
+        help="the sandbox backend to prepare the host for (default: crun; all: every backend a server can run on)",
     )
     prepare.add_argument(
         "--config", type=Path, default=None, help="the server's configuration file, whose domain must resolve"
@@ -497,6 +537,10 @@ def build_parser() -> argparse.ArgumentParser:
         "lock-kernels",
         help="re-resolve runtime/templates/kernels.in into the hashed lock for this python and machine",
     ).set_defaults(func=_template_lock_kernels)
+    template_actions.add_parser(
+        "lock-packages",
+        help="re-resolve runtime/templates/packages.in (Debian packages of the kernels) into the lock (root)",
+    ).set_defaults(func=_template_lock_packages)
 
     serve = groups.add_parser(
         "serve",

@@ -53,9 +53,11 @@ LIVE_STATES = RUNNING_STATES | {S.PAUSED}  # count against max_sandboxes
 MEMINFO = Path("/proc/meminfo")
 
 
-def _holds_memory(record: SandboxRecord) -> bool:
-    # A sandbox paused with its memory is frozen, not gone: its pages stay on the host.
-    return record.state in MEMORY_STATES or (record.state is S.PAUSED and record.details.paused_memory is True)
+def _holds_memory(record: SandboxRecord, *, paused_on_disk: bool = False) -> bool:
+    # A sandbox paused with its memory is frozen, not gone: its pages stay on the host, unless the
+    # backend writes them to disk (``Feature.PAUSE_MEMORY_ON_DISK``) and frees the RAM.
+    frozen = record.state is S.PAUSED and record.details.paused_memory is True and not paused_on_disk
+    return record.state in MEMORY_STATES or frozen
 
 
 def host_memory_mb(meminfo: Path = MEMINFO) -> int:
@@ -126,8 +128,10 @@ class Admission:
         *,
         clock: Callable[[], float] = time.monotonic,
         ledger: MemoryLedger | None = None,  # the host's; None: this server's commitments only
+        paused_on_disk: bool = False,  # the backend's memory pause frees RAM: paused sandboxes hold none
     ) -> None:
         self.limits = limits
+        self._paused_on_disk = paused_on_disk
         self._store = store
         self._clock = clock
         self._ledger = ledger
@@ -193,7 +197,7 @@ class Admission:
             return
         async with self._lock:
             records = await self._store.all(LIVE_STATES | MEMORY_STATES)
-            held = sum(_memory(records, dict(self._reserved)).values())
+            held = sum(_memory(records, dict(self._reserved), paused_on_disk=self._paused_on_disk).values())
             await asyncio.to_thread(self._on_host, lambda _elsewhere: held)
 
     def _check(
@@ -211,7 +215,7 @@ class Admission:
         # Each sandbox once: a reservation's record may already be in the store.
         running = {r.sandbox_id: r.owner for r in records if r.state in RUNNING_STATES}
         running.update({key: held.owner for key, held in reserved.items()})
-        memory = _memory(records, reserved)
+        memory = _memory(records, reserved, paused_on_disk=self._paused_on_disk)
         live = {r.sandbox_id for r in records if r.state in LIVE_STATES} | set(reserved)
         for counted in (running, memory):
             counted.pop(sandbox_id, None)  # a resume's own record: counted below as the one to admit
@@ -236,8 +240,10 @@ class Admission:
         return committed
 
 
-def _memory(records: list[SandboxRecord], reserved: dict[str, _Reservation]) -> dict[str, int]:
+def _memory(
+    records: list[SandboxRecord], reserved: dict[str, _Reservation], *, paused_on_disk: bool = False
+) -> dict[str, int]:
     """Sandbox id → MiB for every sandbox whose memory this server holds, and every start in flight."""
-    memory = {r.sandbox_id: r.details.memory_mb for r in records if _holds_memory(r)}
+    memory = {r.sandbox_id: r.details.memory_mb for r in records if _holds_memory(r, paused_on_disk=paused_on_disk)}
     memory.update({key: held.memory_mb for key, held in reserved.items()})
     return memory

@@ -38,6 +38,7 @@ INVALID_CURSOR = "Invalid pagination cursor"
 INTERNAL = "Internal server error"
 BODY_TOO_LARGE = "Request body is too large"
 ROUTE_NOT_FOUND = "Not found"
+NOT_ON_BACKEND = "This server's isolation backend ({backend}) does not support {what}"
 METHOD_NOT_ALLOWED = "Method not allowed"
 
 

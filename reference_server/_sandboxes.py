@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, cast
 
 from contract.protocol import ENVD_PORT
-from runtime.backend import Backend, Limits, SandboxRuntimeError, SandboxSpec, State
+from runtime.backend import Backend, Feature, Limits, SandboxRuntimeError, SandboxSpec, State
 from runtime.host import MemoryLedger
 
 from . import _errors as text
@@ -154,10 +154,20 @@ class SandboxService:
         self._initialize = initialize
         self._clock = clock or (lambda: datetime.now(UTC))
         self._locks: dict[str, asyncio.Lock] = {}
-        self.admission = Admission(settings.admission, store, ledger=settings.memory_ledger)
+        self.admission = Admission(
+            settings.admission,
+            store,
+            ledger=settings.memory_ledger,
+            paused_on_disk=Feature.PAUSE_MEMORY_ON_DISK in backend.features,
+        )
 
     def now(self) -> datetime:
         return self._clock()
+
+    def require(self, feature: Feature, what: str) -> None:
+        """Refuse, before anything is stored, what needs a feature the backend lacks (never done another way)."""
+        if feature not in self.backend.features:
+            raise ApiError(501, text.NOT_ON_BACKEND.format(what=what, backend=self.backend.name))
 
     def lock(self, sandbox_id: str) -> asyncio.Lock:
         return self._locks.setdefault(sandbox_id, asyncio.Lock())
@@ -256,6 +266,10 @@ class SandboxService:
 
     async def create(self, owner: str, request: CreateRequest) -> Opened:
         self.check_timeout(request.timeout_s)
+        if request.network.allow_out or request.network.deny_out:
+            self.require(Feature.EGRESS_RULES, "network allow and deny lists")
+        if request.auto_pause and request.auto_pause_memory:
+            self.require(Feature.PAUSE_MEMORY, "pausing with memory when the timeout ends")
         await self._check_template(owner, request.template_id)
         sandbox_id = new_sandbox_id()
         envd_token = new_sandbox_token() if request.secure else None
@@ -442,6 +456,8 @@ class SandboxService:
                 raise ApiError(409, text.ALREADY_PAUSED)
             if record.state != S.RUNNING:
                 raise ApiError(409, text.LIFECYCLE_CONFLICT)
+            if memory:
+                self.require(Feature.PAUSE_MEMORY, "pausing with memory")
             await self._pause(record, memory=memory)
 
     async def _pause(self, record: SandboxRecord, *, memory: bool) -> SandboxRecord:
@@ -517,6 +533,7 @@ class SandboxService:
             record = await self.owned(owner, sandbox_id)
             if record.state != S.RUNNING:
                 raise ApiError(409, text.SANDBOX_NOT_RUNNING)
+            self.require(Feature.EGRESS_RULES, "changing a sandbox's network rules")
             network = record.details.network
             if allow_out is not None:
                 network = replace(network, allow_out=allow_out)
@@ -544,6 +561,7 @@ class SandboxService:
             record = await self.owned(owner, sandbox_id)
             if record.state not in (S.RUNNING, S.PAUSED):
                 raise ApiError(409, text.LIFECYCLE_CONFLICT)
+            self.require(Feature.SNAPSHOT, "snapshots")
             try:
                 snapshot_id = await self.backend.snapshot(sandbox_id)
             except SandboxRuntimeError as exc:

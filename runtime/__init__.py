@@ -3,7 +3,7 @@
 Public modules (everything else here is private to the runtime)::
 
     runtime.backend      the Backend protocol, SandboxSpec/SandboxInfo/Metrics/Limits, the error
-                         tree, the lifecycle table TRANSITIONS
+                         tree, the lifecycle table TRANSITIONS, the Feature list
     runtime.backends     backend names → implementations: BACKENDS, open_backend, BackendOptions
     runtime.crun         CrunBackend: sandboxes as crun containers (on the shared OCI backend)
     runtime.fake         FakeBackend: in memory, for tests above the runtime
@@ -26,6 +26,7 @@ if _TYPE_CHECKING:
     from .backend import (
         Backend,
         BackendError,
+        Feature,
         SandboxInfo,
         SandboxNotFoundError,
         SandboxRuntimeError,
@@ -49,6 +50,7 @@ _LAZY = {
         (
             "Backend",
             "BackendError",
+            "Feature",
             "SandboxInfo",
             "SandboxNotFoundError",
             "SandboxRuntimeError",
@@ -82,6 +84,7 @@ __all__ = [
     "BackendEntry",
     "BackendError",
     "BackendOptions",
+    "Feature",
     "SandboxInfo",
     "SandboxNotFoundError",
     "SandboxRuntimeError",

@@ -110,7 +110,12 @@ class IdRangeRegistry:
             )
 
     def claim(self, base: int, owner: str, key: str) -> bool:
-        """Lease the range at ``base`` again (a sandbox kept across a host restart); False when another holds it."""
+        """Lease the range at ``base`` again (a sandbox kept across a host restart); False when another holds it.
+
+        A subid entry made while the registry was empty (it lives in /run) may cover it now: refused too.
+        """
+        if any(base < r.stop and r.start < base + self.size for r in subid_ranges(self._subid_files)):
+            return False
         with self._state.locked() as state:
             held = state["leases"].get(str(base))
             if held is not None:

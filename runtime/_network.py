@@ -254,10 +254,16 @@ def _check(argv: list[str], stdin: str = "") -> str:
     return done.stdout
 
 
-def host_batch(net: SandboxNetwork) -> str:
-    """``ip -batch`` lines for the host namespace: the netns and the veth, host end configured."""
+def host_batch(net: SandboxNetwork, attach_pid: int | None = None) -> str:
+    """``ip -batch`` lines for the host namespace: the netns and the veth, host end configured.
+
+    With ``attach_pid``, the name is given to that process's network namespace (``netns attach``,
+    a bind mount of ``/proc/<pid>/ns/net``) instead of a new one: an engine that makes the
+    container's namespace itself (Docker's ``network_mode=none``) gets the same veth and rules.
+    """
+    netns = f"netns attach {net.netns} {attach_pid}" if attach_pid is not None else f"netns add {net.netns}"
     return (
-        f"netns add {net.netns}\n"
+        f"{netns}\n"
         f"link add {net.host_if} type veth peer name {net.sandbox_if} netns {net.netns}\n"
         f"link set dev {net.host_if} addrgenmode none\n"
         f"addr add {net.host_ip}/{net.subnet.prefixlen} dev {net.host_if}\n"
@@ -341,8 +347,13 @@ def set_policy(net: SandboxNetwork, *, egress: bool, policy: EgressPolicy | None
         _check(["ip", "-n", net.netns, "route", "del", "default"])
 
 
-def create(net: SandboxNetwork, *, egress: bool = False, policy: EgressPolicy | None = None) -> None:
+def create(
+    net: SandboxNetwork, *, egress: bool = False, policy: EgressPolicy | None = None, attach_pid: int | None = None
+) -> None:
     """Create the netns and the veth pair; without ``egress`` the sandbox has no default route.
+
+    With ``attach_pid`` the netns is that process's (see `host_batch`); ``destroy`` removes the
+    name the same way (the namespace itself ends with the last process in it).
 
     Needs the host firewall (`ensure_host_firewall`): the first step sets the host end's
     membership of the egress set, which fails while the table is missing, before anything
@@ -359,7 +370,7 @@ def create(net: SandboxNetwork, *, egress: bool = False, policy: EgressPolicy | 
             raise NetworkError(f"the host firewall (table {_TABLE}) is missing: call ensure_host_firewall()") from exc
         raise
     try:
-        _check(["ip", "-batch", "-"], host_batch(net))
+        _check(["ip", "-batch", "-"], host_batch(net, attach_pid))
         Path(f"/proc/sys/net/ipv4/conf/{net.host_if}/rp_filter").write_text("1\n")
         wants_route = (policy or EgressPolicy()).needs_route(egress)
         _check(["ip", "-n", net.netns, "-batch", "-"], sandbox_batch(net, egress=wants_route))

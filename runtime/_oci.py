@@ -166,6 +166,12 @@ class ContainerPlan:
     # RLIMIT_NOFILE, soft and hard: the runtime sets it inside the user namespace, where it cannot
     # go above the caller's own hard limit (the backend passes the smaller of the two).
     open_files: int = NOFILE_LIMIT
+    # The createRuntime hook bounding inotify per sandbox user namespace (see INOTIFY_INSTANCES); off
+    # where the runtime's own kernel implements inotify (gVisor), so nothing is charged to host root.
+    userns_limits_hook: bool = True
+    # seccomp rules that must answer ENOSYS (clone3, so libc falls back to clone); off where the
+    # runtime answers every refusal with EPERM (gVisor's), which would make libc fail thread creation.
+    enosys_rules: bool = True
 
 
 def _mount(destination: str, kind: str, source: str, options: list[str]) -> dict[str, Any]:
@@ -189,15 +195,7 @@ def config(plan: ContainerPlan) -> dict[str, Any]:
         "root": {"path": plan.rootfs, "readonly": False},
         # The runtime refuses user.* sysctls ("not namespaced"); a host-side hook writes them
         # into the sandbox's user namespace once it exists, before the agent runs.
-        "hooks": {
-            "createRuntime": [
-                {
-                    "path": sys.executable,
-                    "args": ["python3", "-c", _USERNS_LIMITS_HOOK, str(INOTIFY_INSTANCES), str(INOTIFY_WATCHES)],
-                    "timeout": 10,
-                }
-            ]
-        },
+        **({"hooks": _userns_limits_hooks()} if plan.userns_limits_hook else {}),
         "hostname": plan.hostname,
         "mounts": [
             _mount("/proc", "proc", "proc", ["nosuid", "noexec", "nodev"]),
@@ -241,7 +239,7 @@ def config(plan: ContainerPlan) -> dict[str, Any]:
             "seccomp": {
                 "defaultAction": "SCMP_ACT_ALLOW",
                 "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_AARCH64"],
-                "syscalls": seccomp_rules(),
+                "syscalls": seccomp_rules(enosys=plan.enosys_rules),
             },
             "maskedPaths": [
                 "/proc/kcore",
@@ -258,8 +256,20 @@ def config(plan: ContainerPlan) -> dict[str, Any]:
     }
 
 
-def seccomp_rules() -> list[dict[str, Any]]:
-    """Refusals on top of allow-by-default: the denied list, namespace-making clone, clone3, io_uring."""
+def _userns_limits_hooks() -> dict[str, Any]:
+    return {
+        "createRuntime": [
+            {
+                "path": sys.executable,
+                "args": ["python3", "-c", _USERNS_LIMITS_HOOK, str(INOTIFY_INSTANCES), str(INOTIFY_WATCHES)],
+                "timeout": 10,
+            }
+        ]
+    }
+
+
+def seccomp_rules(*, enosys: bool = True) -> list[dict[str, Any]]:
+    """Refusals on top of allow-by-default: the denied list, namespace-making clone, clone3 (``enosys``), io_uring."""
     refuse = {"action": "SCMP_ACT_ERRNO", "errnoRet": _EPERM}
     # One rule per flag (rules are or-ed): "any namespace flag set" is not one masked comparison.
     clone = [
@@ -272,7 +282,7 @@ def seccomp_rules() -> list[dict[str, Any]]:
     ]
     return [
         {"names": DENIED_SYSCALLS + IO_URING_SYSCALLS, **refuse},
-        {"names": ENOSYS_SYSCALLS, "action": "SCMP_ACT_ERRNO", "errnoRet": _ENOSYS},
+        *([{"names": ENOSYS_SYSCALLS, "action": "SCMP_ACT_ERRNO", "errnoRet": _ENOSYS}] if enosys else []),
         *clone,
     ]
 

@@ -51,8 +51,10 @@ from contract.protocol import ENVD_PORT
 
 from . import _addresses, _disk, _hostfs, _idmap, _idranges, _network, _oci, _sharing
 from .backend import (
+    DEFAULT_FEATURES,
     Action,
     BackendError,
+    Feature,
     Limits,
     Metrics,
     ReconcileReport,
@@ -155,6 +157,8 @@ class OciBackend:
     """A ``Backend`` on an OCI runtime: everything but the runtime's command (``ContainerRuntime``)."""
 
     name = "oci"
+    # The cgroup freezer keeps a paused sandbox in RAM: memory on disk needs the runtime's checkpoint.
+    features: frozenset[Feature] = DEFAULT_FEATURES
 
     def __init__(
         self,
@@ -392,8 +396,10 @@ class OciBackend:
         with contextlib.suppress(FileNotFoundError):
             os.chmod(home / "logs", 0o700)  # root's: the sandbox's root has no business reading its own log
 
-    def _mount_sysfs(self, record: Record, net: _network.SandboxNetwork) -> Path:
+    def _mount_sysfs(self, record: Record, net: _network.SandboxNetwork) -> Path | None:
         """A sysfs of the sandbox's network namespace at ``bundle/sys``, bound over the sandbox's ``/sys``.
+
+        A subclass whose runtime brings a kernel of its own (gVisor) returns None: that kernel's sysfs.
 
         The runtime cannot mount one itself (the namespace belongs to the host's user namespace)
         and falls back to binding the host's ``/sys``, whose ``class/net`` and ``devices/*/net``
@@ -419,7 +425,7 @@ class OciBackend:
         plan = _oci.ContainerPlan(
             rootfs=str(bundle / "rootfs"),
             netns_path=str(net.netns_path),
-            sysfs=str(sysfs),
+            sysfs=str(sysfs) if sysfs else None,
             hostname=hostname,
             hosts_file=str(bundle / "hosts"),
             resolv_file=str(bundle / "resolv.conf"),
@@ -430,7 +436,11 @@ class OciBackend:
             id_mapping=mapping.oci() if mapping is not None else None,
             open_files=min(_oci.NOFILE_LIMIT, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),
         )
-        (bundle / "config.json").write_text(json.dumps(_oci.config(plan), indent=1))
+        (bundle / "config.json").write_text(json.dumps(_oci.config(self._container_plan(plan)), indent=1))
+
+    def _container_plan(self, plan: _oci.ContainerPlan) -> _oci.ContainerPlan:
+        """The bundle's plan as this backend's runtime takes it; a runtime that refuses a part adapts it here."""
+        return plan
 
     # -- running, pausing, resuming -------------------------------------------------------
 
@@ -765,6 +775,9 @@ class OciBackend:
             mine = id_lease.owner == self._owner
             if (id_lease.base, id_lease.key) not in kept_ids if mine else not Path(id_lease.owner).is_dir():
                 self._ids.release(id_lease.base, id_lease.owner, id_lease.key)
+        # Namespaces first, leases second: another server's create takes its lease before it
+        # makes its namespace, so every namespace listed here has its lease in the later read.
+        owned_netns = _network.list_owned()
         others = set()
         for lease in self._addresses.leases():
             if lease.owner == self._owner:  # a lease of ours that no sandbox of ours holds any more
@@ -775,7 +788,7 @@ class OciBackend:
                     others.add(_network.NETNS_PREFIX + lease.key)
             if stale:
                 self._addresses.release(lease.subnet, lease.owner, lease.key)
-        for netns in _network.list_owned():
+        for netns in owned_netns:
             if netns not in known_netns and netns not in others:
                 # Names derive from the sandbox id alone; any subnet gives the same names to remove.
                 orphan = _network.plan(netns[len(_network.NETNS_PREFIX) :], self._pool.allocate(set()))

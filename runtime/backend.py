@@ -89,6 +89,29 @@ def next_state(state: State, action: Action) -> State:
         raise TransitionError(f"cannot {action.value} a sandbox that is {state.value}") from None
 
 
+class Feature(enum.Enum):
+    """What a backend may lack; ``Backend.features`` lists what it provides.
+
+    The server reads the list before an operation that needs a feature: one the backend lacks is
+    refused the way upstream refuses an unsupported operation, never done another way. The
+    conformance report prints each backend's list, so a difference between backends is shown
+    and explained rather than found by a failing case.
+    """
+
+    PAUSE_MEMORY = "pause-memory"  # pause(memory=True): processes and memory kept, resumed where they were
+    # That pause writes memory to disk and frees the RAM; the paused sandbox survives a host restart.
+    PAUSE_MEMORY_ON_DISK = "pause-memory-on-disk"
+    SNAPSHOT = "snapshot"  # snapshot() of the filesystem, and creates from it
+    DISK_LIMIT = "disk-limit"  # Limits.disk_mb enforced by the kernel (ENOSPC inside)
+    EGRESS_RULES = "egress-rules"  # allow_out / deny_out honoured, changed live by update_network
+    OWN_ID_RANGE = "own-id-range"  # sandbox root is an unprivileged host uid of a range of its own
+    METRICS = "metrics"  # cpu, memory, pids and disk figures from the kernel
+
+
+# What a backend without a list of its own provides: everything but memory written to disk.
+DEFAULT_FEATURES: frozenset[Feature] = frozenset(Feature) - {Feature.PAUSE_MEMORY_ON_DISK}
+
+
 @dataclass(frozen=True)
 class Limits:
     cpu_count: int = 2
@@ -145,6 +168,7 @@ class Backend(Protocol):
     """What every isolation backend provides."""
 
     name: str
+    features: frozenset[Feature]  # what it provides of the features it may lack
 
     async def create(self, spec: SandboxSpec) -> SandboxInfo:
         """Allocate everything the sandbox needs; nothing runs yet (state CREATED)."""

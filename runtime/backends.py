@@ -6,7 +6,8 @@ the host for it, and a line saying what it is. ``open_backend`` and ``backend_en
 name up; an unknown one is an ``UnknownBackendError`` naming the known ones.
 
 Adding an isolation backend is one module beside this one, providing
-``open_backend(options) -> Backend`` and ``prepare_host(say)``, plus one line in ``BACKENDS``.
+``open_backend(options) -> Backend``, ``prepare_host(say)`` and ``FEATURES`` (what its backends'
+``features`` say), plus one line in ``BACKENDS``.
 The shared state machine (tests/runtime/test_backend_conformance.py) is parametrized over
 this table, so the new backend is held to the lifecycle from that line on.
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .backend import Backend, BackendError
+from .backend import DEFAULT_FEATURES, Backend, BackendError, Feature
 
 if TYPE_CHECKING:
     from .templates import Template
@@ -59,10 +60,13 @@ class BackendEntry:
     prepare_host: Callable[[Callable[[str], None]], None]  # installs/checks what it needs, saying what it does
     description: str
     serves: bool = True  # a reference server can run on it (real sandboxes with an agent inside)
+    # What it provides (its module's FEATURES), read without opening it: reports and benchmarks
+    # list it for every backend in the table, the host prepared for it or not.
+    features: Callable[[], frozenset[Feature]] = lambda: DEFAULT_FEATURES
 
 
 def _entry(name: str, module: str, description: str, *, serves: bool = True) -> BackendEntry:
-    """An entry for ``runtime.<module>``, which defines ``open_backend`` and ``prepare_host``; imported on first use."""
+    """An entry for ``runtime.<module>`` (``open_backend``, ``prepare_host``, ``FEATURES``), imported on first use."""
 
     def open_(options: BackendOptions) -> Backend:
         backend: Backend = importlib.import_module(f".{module}", __package__).open_backend(options)
@@ -71,12 +75,20 @@ def _entry(name: str, module: str, description: str, *, serves: bool = True) -> 
     def prepare_host(say: Callable[[str], None]) -> None:
         importlib.import_module(f".{module}", __package__).prepare_host(say)
 
-    return BackendEntry(name, open_, prepare_host, description, serves)
+    def features() -> frozenset[Feature]:
+        found = getattr(importlib.import_module(f".{module}", __package__), "FEATURES", None)
+        if not isinstance(found, frozenset) or not all(isinstance(item, Feature) for item in found):
+            raise BackendError(f"runtime.{module} declares no FEATURES (a frozenset of runtime.backend.Feature)")
+        return found
+
+    return BackendEntry(name, open_, prepare_host, description, serves, features)
 
 
 DEFAULT_BACKEND = "crun"
 BACKENDS: dict[str, BackendEntry] = {
     "crun": _entry("crun", "crun", "crun containers in user namespaces, one network namespace each (needs root)"),
+    "docker": _entry("docker", "docker", "containers of our own Docker Engine, crun's network isolation (needs root)"),
+    "gvisor": _entry("gvisor", "gvisor", "gVisor (runsc, ptrace): a user-space kernel per sandbox (needs root)"),
     # Nothing runs in the fake, so no agent answers /init: the server does not offer it.
     "fake": _entry("fake", "fake", "in memory, nothing runs: for tests above the runtime", serves=False),
 }

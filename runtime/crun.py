@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING
 from . import _hostfs, _idmap, _network, host
 from ._addresses import AddressRegistry
 from ._oci_backend import CGROUP_PARENT, OciBackend
-from .backend import BackendError
+from .backend import BackendError, Feature
 
 if TYPE_CHECKING:
     from .backends import BackendOptions
     from .templates import Template
 
-__all__ = ["CGROUP_PARENT", "CrunBackend", "CrunCommand", "open_backend", "prepare_host"]
+__all__ = ["CGROUP_PARENT", "FEATURES", "CrunBackend", "CrunCommand", "open_backend", "prepare_host"]
 
 _DELETE_TIMEOUT_S = 10.0
 
@@ -134,6 +134,10 @@ class CrunBackend(OciBackend):
             templates=templates,
             addresses=addresses,
         )
+
+
+# What the ``crun`` entry provides, read by reports and benchmarks without opening a backend.
+FEATURES: frozenset[Feature] = CrunBackend.features
 
 
 def open_backend(options: BackendOptions) -> CrunBackend:

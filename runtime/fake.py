@@ -15,7 +15,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from .backend import (
+    DEFAULT_FEATURES,
     Action,
+    Feature,
     Metrics,
     ReconcileReport,
     SandboxInfo,
@@ -30,7 +32,7 @@ from .backend import (
 if TYPE_CHECKING:
     from .backends import BackendOptions
 
-__all__ = ["FakeBackend", "open_backend", "prepare_host"]
+__all__ = ["FEATURES", "FakeBackend", "open_backend", "prepare_host"]
 
 
 @dataclass
@@ -44,7 +46,13 @@ class _Sandbox:
 class FakeBackend:
     name = "fake"
 
-    def __init__(self, templates: dict[str, dict[str, bytes]] | None = None) -> None:
+    def __init__(
+        self,
+        templates: dict[str, dict[str, bytes]] | None = None,
+        *,
+        features: frozenset[Feature] = DEFAULT_FEATURES,  # fewer: for tests of how the server refuses the rest
+    ) -> None:
+        self.features = features
         self.templates: dict[str, dict[str, bytes]] = templates if templates is not None else {"base": {}}
         self._sandboxes: dict[str, _Sandbox] = {}
         self._snapshot_ids = itertools.count(1)
@@ -160,6 +168,10 @@ class FakeBackend:
 
     def read(self, sandbox_id: str, path: str) -> bytes | None:
         return self._get(sandbox_id).files.get(path)
+
+
+# What the ``fake`` entry's backends provide (a FakeBackend made with fewer is for tests of refusals).
+FEATURES: frozenset[Feature] = DEFAULT_FEATURES
 
 
 def open_backend(options: BackendOptions) -> FakeBackend:

@@ -15,7 +15,11 @@ from conformance._endpoint import EndpointError, ManagedServer
 
 @contextlib.contextmanager
 def managed_server(
-    prefix: str, extra_env: dict[str, str] | None = None, *, keep_log: Callable[[], bool] = lambda: False
+    prefix: str,
+    extra_env: dict[str, str] | None = None,
+    *,
+    keep_log: Callable[[], bool] = lambda: False,
+    backend: str = "crun",
 ) -> Iterator[ManagedServer]:
     """A started server; afterwards its sandboxes, mounts and data folder are gone.
 
@@ -24,7 +28,7 @@ def managed_server(
     # Not under pytest's private temp root: idmapped sandbox users must traverse to their layers.
     data_dir = Path(tempfile.mkdtemp(prefix=f"e2b-{prefix}-", dir="/var/tmp"))
     data_dir.chmod(0o755)
-    server = ManagedServer(data_dir, data_dir.with_suffix(".log"), extra_env=extra_env or {})
+    server = ManagedServer(data_dir, data_dir.with_suffix(".log"), extra_env=extra_env or {}, backend=backend)
     passed = False
     try:
         try:

@@ -25,14 +25,16 @@ T = TypeVar("T")
 
 # Per-architecture system call numbers (not exported by Python's os module).
 _SYSCALLS = {
-    "x86_64": {"setgroups": 116, "setfsuid": 122, "setfsgid": 123},
-    "aarch64": {"setgroups": 159, "setfsuid": 151, "setfsgid": 152},
+    "x86_64": {"setgroups": 116, "setfsuid": 122, "setfsgid": 123, "setresuid": 117, "setresgid": 119},
+    "aarch64": {"setgroups": 159, "setfsuid": 151, "setfsgid": 152, "setresuid": 147, "setresgid": 149},
 }
+_KEEP = 0xFFFFFFFF  # -1 as an id argument: leave that id as it is
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _numbers = _SYSCALLS.get(platform.machine())
 _PRIVILEGED = os.geteuid() == 0 and _numbers is not None
 _OWN_GROUPS = tuple(os.getgroups())
+_OWN_IDS = (os.geteuid(), os.getegid())  # read once: without setfsuid a switched thread's geteuid is the user's
 
 
 def _syscall(name: str, *args: int | ctypes.Array[ctypes.c_uint]) -> int:
@@ -41,7 +43,30 @@ def _syscall(name: str, *args: int | ctypes.Array[ctypes.c_uint]) -> int:
     return result
 
 
+# gVisor's kernel has no setfsuid (ENOSYS). There the thread's effective ids are switched instead:
+# the raw setresuid/setresgid are per thread too, and the saved root id lets it switch back.
+_HAS_FSUID = _numbers is not None and _syscall("setfsuid", _KEEP) != -1
+
+
+def _set_thread_effective_ids(uid: int, gid: int, groups: tuple[int, ...]) -> None:
+    # Root again first: setgroups and setresgid need the capabilities an unprivileged euid drops.
+    for name, args in (("setresuid", (_KEEP, 0, _KEEP)), ("setgroups", None), ("setresgid", (_KEEP, gid, _KEEP))):
+        if args is None:
+            result = _syscall(name, len(groups), (ctypes.c_uint * max(len(groups), 1))(*groups))
+        else:
+            result = _syscall(name, *args)
+        if result != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{name}: {os.strerror(err)}")
+    if _syscall("setresuid", _KEEP, uid, _KEEP) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"could not switch the effective uid to {uid}: {os.strerror(err)}")
+
+
 def _set_thread_credentials(uid: int, gid: int, groups: tuple[int, ...]) -> None:
+    if not _HAS_FSUID:
+        _set_thread_effective_ids(uid, gid, groups)
+        return
     array = (ctypes.c_uint * max(len(groups), 1))(*groups)
     if _syscall("setgroups", len(groups), array) != 0:
         err = ctypes.get_errno()
@@ -61,7 +86,7 @@ def run_as(user: User | None, fn: Callable[[], T]) -> T:
         _set_thread_credentials(user.uid, user.gid, user.groups)
         return fn()
     finally:  # also after a partial switch: a pooled thread must never keep a user's credentials
-        _set_thread_credentials(os.geteuid(), os.getegid(), _OWN_GROUPS)
+        _set_thread_credentials(*_OWN_IDS, _OWN_GROUPS)
 
 
 async def as_user(user: User | None, fn: Callable[[], T]) -> T:

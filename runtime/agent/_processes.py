@@ -13,6 +13,10 @@ Rules kept from envd (docs/PROTOCOL-NOTES.md, envd processes):
 - Subscribers each get every event; a slow subscriber slows the reader (bounded queues), which
   in turn slows the process instead of growing memory without bound.
 - Signals go to the one pid, never the group; every process runs in its own session.
+- A PTY's output ends when no process holds its terminal any more. Linux says so by failing a
+  read of the master with EIO; gVisor's kernel never does (the master just stays empty), so
+  once the child is reaped and the master is quiet, the agent looks for holders itself
+  (``_terminal_held``) and ends the output when there are none. On Linux the EIO comes first.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from ._users import User
 
 STDOUT_CHUNK = 32 * 1024
 PTY_CHUNK = 16 * 1024
+# How long a reaped PTY child's master may stay quiet before the agent looks for holders itself.
+PTY_HANGUP_POLL_S = 0.25
 _QUEUE_DEPTH = 64
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Exec through sh so an unknown command behaves as upstream: it starts, says "not found"
@@ -123,6 +129,8 @@ class ManagedProcess:
     spec: Spec
     proc: asyncio.subprocess.Process
     master_fd: int | None = None
+    terminal: str | None = None  # the PTY's slave path (``/dev/pts/N``)
+    reaped: asyncio.Event = field(default_factory=asyncio.Event)
     subscribers: list[asyncio.Queue[Event]] = field(default_factory=list)
     exit: Exit | None = None
     stop_waiting_for_output: asyncio.Event = field(default_factory=asyncio.Event)
@@ -223,6 +231,7 @@ class ProcessTable:
     async def start(self, spec: Spec, deadline: float | None) -> tuple[ManagedProcess, asyncio.Queue[Event]]:
         """Spawn ``spec``; return the process and a queue subscribed before any output was read."""
         master_fd = slave_fd = None
+        terminal: str | None = None
         kwargs: dict[str, Any] = {
             "env": dict(spec.env),
             "cwd": spec.cwd,
@@ -232,6 +241,7 @@ class ProcessTable:
             kwargs.update(user=spec.user.uid, group=spec.user.gid, extra_groups=list(spec.user.groups))
         if spec.pty_size is not None:
             master_fd, slave_fd = os.openpty()
+            terminal = os.ttyname(slave_fd)
             _set_winsize(master_fd, *spec.pty_size)
             os.set_blocking(master_fd, False)
             kwargs.update(stdin=slave_fd, stdout=slave_fd, stderr=slave_fd, preexec_fn=_take_controlling_tty)
@@ -251,7 +261,7 @@ class ProcessTable:
         finally:
             if slave_fd is not None:
                 os.close(slave_fd)
-        managed = ManagedProcess(spec, proc, master_fd)
+        managed = ManagedProcess(spec, proc, master_fd, terminal)
         queue = managed.subscribe()
         self._processes[managed.pid] = managed
         if deadline is not None:
@@ -275,6 +285,7 @@ class ProcessTable:
                 assert stream is not None
                 readers.append(asyncio.create_task(self._read_pipe(managed, name, stream)))
         returncode = await managed.proc.wait()
+        managed.reaped.set()
         outputs_done: asyncio.Future[Any] = asyncio.gather(*readers)
         stop: asyncio.Future[Any] = asyncio.ensure_future(managed.stop_waiting_for_output.wait())
         await asyncio.wait({outputs_done, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -303,18 +314,49 @@ class ProcessTable:
         fd = managed.master_fd
         assert fd is not None
         loop = asyncio.get_running_loop()
+        check_at: float | None = None  # once the child is reaped: when to look for holders next
+        reaped: asyncio.Future[Any] = asyncio.ensure_future(managed.reaped.wait())
+        try:
+            while True:
+                if reaped.done():
+                    if check_at is None:
+                        check_at = loop.time() + PTY_HANGUP_POLL_S  # Linux's EIO comes within this
+                    elif loop.time() >= check_at:
+                        if not await asyncio.to_thread(_terminal_held, managed.terminal):
+                            await ProcessTable._drain_pty(managed, fd)  # nobody can write any more (docstring)
+                            return
+                        check_at = loop.time() + PTY_HANGUP_POLL_S
+                ready: asyncio.Future[None] = loop.create_future()
+                loop.add_reader(fd, _resolve, ready)  # the wait below takes several loop turns: set once
+                try:
+                    timeout = None if check_at is None else max(0.0, check_at - loop.time())
+                    waiters = {ready} if reaped.done() else {ready, reaped}
+                    await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    loop.remove_reader(fd)
+                    readable = ready.done()
+                    ready.cancel()
+                if not readable:
+                    continue
+                try:
+                    chunk = os.read(fd, PTY_CHUNK)
+                except BlockingIOError:
+                    continue
+                except OSError:  # EIO once every holder of the terminal is gone
+                    return
+                if not chunk:
+                    return
+                await managed.publish(Output("pty", chunk))
+        finally:
+            reaped.cancel()
+
+    @staticmethod
+    async def _drain_pty(managed: ManagedProcess, fd: int) -> None:
+        """What the master still buffers, once nobody holds the terminal (nothing more can come)."""
         while True:
-            ready = loop.create_future()
-            loop.add_reader(fd, ready.set_result, None)
-            try:
-                await ready
-            finally:
-                loop.remove_reader(fd)
             try:
                 chunk = os.read(fd, PTY_CHUNK)
-            except BlockingIOError:
-                continue
-            except OSError:  # EIO once every holder of the terminal is gone
+            except OSError:  # EAGAIN: empty; EIO: Linux's hang-up
                 return
             if not chunk:
                 return
@@ -325,6 +367,35 @@ class ProcessTable:
         for managed in list(self._processes.values()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(managed.pid, signal.SIGKILL)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _terminal_held(terminal: str | None) -> bool:
+    """Whether any process has ``terminal`` open; True when that cannot be told (an unreadable fd table)."""
+    if terminal is None:
+        return True
+    try:
+        pids = [entry.name for entry in os.scandir("/proc") if entry.name.isdigit()]
+    except OSError:
+        return True
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # ended meanwhile
+        except OSError:
+            return True  # another user's process (the agent run unprivileged): assume it may hold it
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == terminal:
+                    return True
+            except OSError:
+                continue  # closed meanwhile
+    return False
 
 
 def _take_controlling_tty() -> None:

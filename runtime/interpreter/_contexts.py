@@ -246,22 +246,25 @@ class Contexts:
         self._background: set[asyncio.Task[None]] = set()
         self._starting = 0  # contexts whose kernel is starting (counted against MAX_CONTEXTS)
 
-    def start_default(self) -> Context:
-        """The default python context, listed at once; its kernel starts in the background
-        (an execution on it waits for it)."""
-        context = Context(self, "python", self.settings.cwd)
-        self._contexts[context.id] = context
-        self._defaults["python"] = context.id
-        task = asyncio.create_task(self._warm_up(context), name="default-kernel")
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return context
+    def start_default(self) -> list[Context]:
+        """The startup languages' default contexts (python first), listed at once; their
+        kernels start in the background (an execution on one waits for it)."""
+        started = []
+        for language in _languages.STARTUP_LANGUAGES:
+            context = Context(self, language, self.settings.cwd)
+            self._contexts[context.id] = context
+            self._defaults[language] = context.id
+            task = asyncio.create_task(self._warm_up(context), name=f"default-{language}-kernel")
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            started.append(context)
+        return started
 
     async def _warm_up(self, context: Context) -> None:
         try:
             await context.ensure_started()
         except (KernelStartError, ContextClosedError) as exc:
-            logger.error("default python kernel did not start: %s", exc)
+            logger.error("default %s kernel did not start: %s", context.language, exc)
 
     def list(self) -> list[Context]:
         return list(self._contexts.values())

@@ -38,6 +38,8 @@ Outcome = Literal["done", "skipped", "dead", "restarting", "closed"]
 # first; ipykernel sends none when an interrupt lands before the user's code started
 # ("KeyboardInterrupt caught in kernel"), and the run must end anyway.
 REPLY_GRACE_S: Final = 2.0
+# At most this long is spent on a kernel's late messages after its run finished.
+LATE_IOPUB_LIMIT_S: Final = 1.0
 # While abandoned and still busy, how often to send the interrupt again (user code that
 # swallowed one KeyboardInterrupt gets another).
 REINTERRUPT_S: Final = 5.0
@@ -176,11 +178,23 @@ class Run:
                 elif channel == "closed":
                     self._emit(_messages.unexpected_end("The context was removed"))
                     return "closed"
+            await self._late_messages(kernel, events, tracker)
             self._emit_all(tracker.closing_lines())
             return "done"
         finally:
             self._events = None
             kernel.unsubscribe(msg_id)
+
+    async def _late_messages(self, kernel: Kernel, events: asyncio.Queue[Event], tracker: Tracker) -> None:
+        """A kernel that publishes after its idle status (Deno's): its run's iopub until quiet."""
+        deadline = asyncio.get_running_loop().time() + LATE_IOPUB_LIMIT_S
+        while kernel.late_iopub_s and asyncio.get_running_loop().time() < deadline:
+            try:
+                channel, message = await asyncio.wait_for(events.get(), kernel.late_iopub_s)
+            except TimeoutError:
+                return
+            if channel == "iopub":
+                self._emit_all(tracker.iopub(message))
 
     def _emit_all(self, lines: list[Line]) -> None:
         for line in lines:

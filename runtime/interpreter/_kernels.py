@@ -3,8 +3,9 @@ jupyter_client, and routing their messages to whoever waits for them.
 
 No Jupyter server and no kernelspec directories: the specs live in memory (``KernelSpecs``),
 so nothing installed in the kernel environment or in ``~/.local/share/jupyter`` changes what
-runs. Kernels talk over ZeroMQ ``ipc`` sockets in a private runtime folder (mode 0700) the
-server owns, so no TCP port on loopback is open to other processes of the sandbox.
+runs. The Python and Bash kernels talk over ZeroMQ ``ipc`` sockets in a private runtime folder
+(mode 0700) the server owns; the others (Deno, R, Java) can only listen on loopback TCP, where
+every message must carry the HMAC of the connection file's key (in that private folder).
 
 Each ``Kernel`` has one client and two pump tasks (iopub, shell) that hand every message to
 the subscriber registered for its parent ``msg_id``; messages nobody waits for are dropped.
@@ -23,12 +24,39 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import AsyncKernelManager
 
+from ._languages import kind_of
+
 logger = logging.getLogger(__name__)
 
 STARTUP_FILE: Final = Path(__file__).with_name("kernel_startup.py")
 
-# Our kernel names: jupyter_client silently renames a kernel called "python" to "python3".
-KERNEL_NAMES: Final[Mapping[str, str]] = {"python": "e2b-python", "bash": "e2b-bash"}
+# Our kernel names, one per kind of kernel (``_languages.KERNEL_KINDS``): jupyter_client silently
+# renames a kernel called "python" to "python3".
+KERNEL_NAMES: Final[Mapping[str, str]] = {
+    "python": "e2b-python",
+    "bash": "e2b-bash",
+    "deno": "e2b-deno",
+    "r": "e2b-r",
+    "java": "e2b-java",
+}
+
+# ZeroMQ ``ipc`` sockets for the kernels built on libzmq's Python binding. Deno's kernel (a Rust
+# ZeroMQ), IRkernel and jjava (JeroMQ) only form tcp addresses: theirs listen on loopback, their
+# messages signed with the connection file's key, which only the server and the kernel can read.
+_IPC_KINDS: Final = frozenset({"python", "bash"})
+
+# Deno's kernel ignores SIGINT while a cell runs and jjava's JVM would end on it; both stop a run
+# on an interrupt request.
+_MESSAGE_INTERRUPT: Final = frozenset({"deno", "java"})
+
+# Deno's kernel may publish a cell's execute_result a moment after its idle status and its reply
+# (seen: 1 ms; the result of a top-level await comes from another task): a run on it ends only
+# after its messages stopped for this long.
+_LATE_IOPUB_S: Final[Mapping[str, float]] = {"deno": 0.05}
+
+# What each kind gets in its environment besides the sandbox's: Deno's results as plain text,
+# not ANSI-coloured.
+_KIND_ENV: Final[Mapping[str, Mapping[str, str]]] = {"deno": {"NO_COLOR": "1"}}
 
 # Seconds a kernel gets to stop on its own (shutdown request, SIGINT, then SIGTERM) before
 # it is killed; bounds restart and delete for a kernel stuck in user code.
@@ -45,9 +73,14 @@ class KernelStartError(Exception):
     """The kernel process could not be started or did not answer in time."""
 
 
-def kernel_argv(language: str, kernel_python: str) -> list[str]:
-    """The command line of a kernel (``{connection_file}`` is filled in by jupyter_client)."""
-    if language == "python":
+def kernel_argv(kind: str, kernel_python: str) -> list[str]:
+    """The command line of a kernel (``{connection_file}`` is filled in by jupyter_client).
+
+    Every kernel's files live in the kernels' venv beside ``kernel_python`` (deno, jjava's jar);
+    R and the JDK are the rootfs's own.
+    """
+    venv = Path(kernel_python).parent.parent
+    if kind == "python":
         return [
             kernel_python,
             "-m",
@@ -59,9 +92,25 @@ def kernel_argv(language: str, kernel_python: str) -> list[str]:
             # Upstream's template configures IPython with colors off: tracebacks without ANSI.
             "--InteractiveShell.colors=nocolor",
         ]
-    if language == "bash":
+    if kind == "bash":
         return [kernel_python, "-m", "bash_kernel", "-f", "{connection_file}"]
-    raise ValueError(f"no kernel for {language!r}")
+    if kind == "deno":
+        return [str(venv / "bin/deno"), "jupyter", "--kernel", "--conn", "{connection_file}"]
+    if kind == "r":
+        return ["R", "--no-echo", "--no-save", "--no-restore", "-e", "IRkernel::main()", "--args", "{connection_file}"]
+    if kind == "java":
+        # jjava's own launcher adds only the first --add-opens; the others let the environment
+        # statements (``_languages``) reach System.getenv's map and ProcessBuilder's.
+        opens = ["jdk.jshell/jdk.jshell", "java.base/java.util", "java.base/java.lang"]
+        flags = [part for module in opens for part in ("--add-opens", f"{module}=ALL-UNNAMED")]
+        jar = venv / "share/jupyter/kernels/java/jjava.jar"
+        return ["java", *flags, "-jar", str(jar), "{connection_file}"]
+    raise ValueError(f"no kernel for {kind!r}")
+
+
+def kernel_env(kind: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The environment a kernel of ``kind`` starts with."""
+    return {**env, **_KIND_ENV.get(kind, {})}
 
 
 class KernelSpecs(KernelSpecManager):
@@ -72,12 +121,12 @@ class KernelSpecs(KernelSpecManager):
         self._specs = {
             name: KernelSpec(
                 name=name,
-                display_name=f"{language} (e2b-compat)",
-                language=language,
-                argv=kernel_argv(language, kernel_python),
-                interrupt_mode="signal",
+                display_name=f"{kind} (e2b-compat)",
+                language=kind,
+                argv=kernel_argv(kind, kernel_python),
+                interrupt_mode="message" if kind in _MESSAGE_INTERRUPT else "signal",
             )
-            for language, name in KERNEL_NAMES.items()
+            for kind, name in KERNEL_NAMES.items()
         }
 
     def find_kernel_specs(self) -> dict[str, str]:
@@ -93,7 +142,10 @@ class KernelSpecs(KernelSpecManager):
 class Kernel:
     """One running kernel process of a context."""
 
-    def __init__(self, manager: AsyncKernelManager, client: AsyncKernelClient) -> None:
+    def __init__(self, manager: AsyncKernelManager, client: AsyncKernelClient, kind: str = "python") -> None:
+        self.kind = kind
+        # Seconds of quiet on a run's messages after it finished before it is over (``_LATE_IOPUB_S``).
+        self.late_iopub_s = _LATE_IOPUB_S.get(kind, 0.0)
         self._manager = manager
         self._client = client
         self._subscribers: dict[str, asyncio.Queue[Event]] = {}
@@ -111,23 +163,23 @@ class Kernel:
         env: Mapping[str, str],
         timeout: float,
     ) -> Kernel:
+        kind = kind_of(language)
         # A short ipc prefix: unix socket paths are limited to about 100 bytes.
-        prefix = runtime_dir / kernel_id[:8]
+        transport = {"transport": "ipc", "ip": str(runtime_dir / kernel_id[:8])} if kind in _IPC_KINDS else {}
         manager = AsyncKernelManager(
-            kernel_name=KERNEL_NAMES[language],
+            kernel_name=KERNEL_NAMES[kind],
             kernel_spec_manager=specs,
             kernel_id=kernel_id,
             connection_file=str(runtime_dir / f"kernel-{kernel_id}.json"),
-            transport="ipc",
-            ip=str(prefix),
             shutdown_wait_time=SHUTDOWN_WAIT_S,
+            **transport,
         )
         try:
-            await manager.start_kernel(cwd=cwd, env=dict(env))
+            await manager.start_kernel(cwd=cwd, env=kernel_env(kind, env))
         except Exception as exc:  # Popen errors (a missing cwd or interpreter), spec errors
             await _discard(manager, None)
             raise KernelStartError(str(exc) or type(exc).__name__) from exc
-        kernel = cls(manager, manager.client())
+        kernel = cls(manager, manager.client(), kind)
         try:
             await kernel._connect(timeout)
         except Exception as exc:

@@ -7,7 +7,8 @@ is cached; see ``_build`` for the cache layout and ``_keys`` for what decides a 
 
 - ``ensure_template("base")`` returns the agent's template, building it if absent;
   ``ensure_template("code-interpreter-v1")`` the same plus Jupyter kernels and the
-  interpreter server on port 49999 (its kernels' wheels are locked in ``kernels.*.lock``);
+  interpreter server on port 49999 (its kernels' wheels are locked in ``kernels.*.lock``, their
+  Debian packages in ``packages.*.lock``: ``lock_packages`` re-resolves those);
 - ``list_templates()`` lists the finished templates in the cache;
 - a build reports progress as ``ProgressEvent`` values to any ``Progress`` callable.
 
@@ -18,7 +19,15 @@ Debian mirror is the one apt is configured with (``find_debian_mirror``).
 
 from __future__ import annotations
 
-from ._build import TEMPLATE_NAMES, Template, ensure_template, list_templates, prune_templates, templates_dir
+from ._build import (
+    TEMPLATE_NAMES,
+    Template,
+    ensure_template,
+    list_templates,
+    lock_packages,
+    prune_templates,
+    templates_dir,
+)
 from ._commands import TemplateError
 from ._kernels import write_lock as write_kernel_lock
 from ._keys import AGENT_COMMAND, INTERPRETER_TEMPLATE, base_layer_key, os_layer_key
@@ -42,6 +51,7 @@ __all__ = [
     "ensure_template",
     "find_debian_mirror",
     "list_templates",
+    "lock_packages",
     "os_layer_key",
     "prune_templates",
     "register_template_user",

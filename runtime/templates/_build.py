@@ -21,11 +21,13 @@ result, and the holder of the lock removes what killed builds left behind.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import platform
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -37,13 +39,21 @@ from pathlib import Path
 
 from contract import default_cache_root
 
-from . import _kernels, _keys
+from . import _kernels, _keys, _packages
 from ._commands import CHROOT_ENV, TemplateError, disk_usage, in_root, remove_tree, replace_file, run
 from ._mirror import Mirror, find_debian_mirror
 from ._progress import Progress, ProgressEvent, default_progress, step
 from ._users import lowers_in_use
 
-__all__ = ["METADATA", "TEMPLATE_NAMES", "Template", "ensure_template", "list_templates", "templates_dir"]
+__all__ = [
+    "METADATA",
+    "TEMPLATE_NAMES",
+    "Template",
+    "ensure_template",
+    "list_templates",
+    "lock_packages",
+    "templates_dir",
+]
 
 TEMPLATE_NAMES = ("os", "base", _keys.INTERPRETER_TEMPLATE)
 METADATA = "template.json"
@@ -269,48 +279,104 @@ def _build_base(tmp: Path, os_layer: Template, tree: _keys.SourceTree, progress:
 # home: without it the first plot in every new sandbox would spend seconds building it.
 _KERNEL_CHECK = "import ipykernel, bash_kernel, numpy, pandas, PIL, e2b_charts, matplotlib.pyplot"
 _SERVER_CHECK = "import runtime.interpreter, jupyter_client"
-# What the kernels layer keeps of the rootfs it was built in: the venv and the caches its
-# import check made in the user's home. Everything else is the os layer's, unchanged.
-_KERNEL_PATHS = (_keys.KERNEL_VENV, f"{_keys.USER_HOME}/.cache")
+# Each language's own runtime answers as the sandbox user (deno, R with IRkernel, the JDK's jshell).
+_LANGUAGE_CHECKS = (
+    ((f"{_keys.KERNEL_VENV}/bin/deno", "eval", "console.log(1)"), "running deno"),
+    (("Rscript", "-e", "library(IRkernel)"), "loading R's IRkernel"),
+    (("java", "-version"), "running the JDK's java"),
+    (("jshell", "--version"), "running the JDK's jshell"),
+)
 _OWNER = f"{_keys.USER_ID}:{_keys.USER_ID}"
+_WHITEOUT = 0  # an overlay upper folder marks a removed lower file as a 0:0 character device
+_OPAQUE = "trusted.overlay.opaque"
 
 
 def _check_kernels_as_user(rootfs: Path) -> None:
-    as_user = ["chroot", f"--userspec={_OWNER}", str(rootfs), f"{_keys.KERNEL_VENV}/bin/python", "-c", _KERNEL_CHECK]
-    run(as_user, "importing the kernels' packages as the sandbox user", env={**CHROOT_ENV, "HOME": _keys.USER_HOME})
+    env = {**CHROOT_ENV, "HOME": _keys.USER_HOME}
+    as_user = ["chroot", f"--userspec={_OWNER}", str(rootfs)]
+    run([*as_user, f"{_keys.KERNEL_VENV}/bin/python", "-c", _KERNEL_CHECK], "importing the kernels' packages", env=env)
+    with _packages.proc_mounted(rootfs):
+        for command, what in _LANGUAGE_CHECKS:
+            run([*as_user, *command], f"{what} as the sandbox user", env=env)
 
 
-def _build_kernels(tmp: Path, os_layer: Template, wheelhouse: Path, progress: Progress) -> dict[str, object]:
-    """The kernels' venv, built in a scratch copy of ``os`` (its python makes the venv); only
-    ``_KERNEL_PATHS`` are kept, so ``code-interpreter-v1`` copies them onto ``base`` in seconds
-    instead of installing the wheels again after every change of the project's code."""
-    scratch = tmp / "scratch"
+def _settle_upper(upper: Path) -> dict[str, list[str]]:
+    """Turn an overlay upper folder into a plain tree: whiteouts and opaque marks become lists."""
+    deleted: list[str] = []
+    opaque: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(upper):
+        here = Path(dirpath)
+        with contextlib.suppress(OSError):
+            if os.getxattr(here, _OPAQUE, follow_symlinks=False) == b"y":
+                opaque.append("/" + str(here.relative_to(upper)))
+                os.removexattr(here, _OPAQUE, follow_symlinks=False)
+        for name in (*filenames, *dirnames):
+            path = here / name
+            info = os.lstat(path)
+            if stat.S_ISCHR(info.st_mode) and info.st_rdev == _WHITEOUT:
+                deleted.append("/" + str(path.relative_to(upper)))
+                path.unlink()
+    return {"deleted": sorted(deleted), "opaque": sorted(opaque)}
+
+
+def _build_kernels(
+    tmp: Path, os_layer: Template, wheelhouse: Path, packages: bytes, progress: Progress
+) -> dict[str, object]:
+    """The kernels' Debian packages and venv, installed on an overlay over ``os``.
+
+    The layer is the overlay's upper folder, what the installation changed, so
+    ``code-interpreter-v1`` copies it onto ``base`` in seconds instead of installing everything
+    again after every change of the project's code."""
+    upper, work, merged = tmp / "upper", tmp / "work", tmp / "merged"
+    for folder in (upper, work, merged):
+        folder.mkdir()
+    upper.chmod(0o755)
     venv = _keys.KERNEL_VENV
-    with step(progress, f"copying {os_layer.path.name} to build {venv} in"):
-        run(["cp", "-a", "--reflink=auto", str(os_layer.rootfs), str(scratch)], "copying the os layer")
-        in_root(scratch, ["python3", "-m", "venv", venv], "creating the kernels' virtualenv")
-    inside = scratch / _WHEELHOUSE.lstrip("/")
-    shutil.copytree(wheelhouse, inside)
-    wheels = sorted(path.name for path in inside.glob("*.whl"))
-    with step(progress, f"installing {len(wheels)} locked wheels into {venv} (--require-hashes)") as out:
-        install = [f"{venv}/bin/pip", "install", "--no-index", "--find-links", _WHEELHOUSE, "--require-hashes"]
-        flags = ["--only-binary=:all:", "--no-cache-dir", "--no-input", "--disable-pip-version-check"]
-        lock = f"{_WHEELHOUSE}/kernels.lock"
-        in_root(scratch, [*install, *flags, "-r", lock], "pip install of the kernels' lock", detail=out)
-        shutil.rmtree(inside)
-    with step(progress, f"handing {venv} to {_keys.USER!r}; importing the kernels' packages as it"):
-        run(["chown", "-R", "--no-dereference", _OWNER, str(scratch / venv.lstrip("/"))], "chown of the kernels' venv")
-        _check_kernels_as_user(scratch)
-    rootfs = tmp / "rootfs"
-    rootfs.mkdir()
-    rootfs.chmod(0o755)
-    for path in _KERNEL_PATHS:
-        source = scratch / path.lstrip("/")
-        if source.exists():
-            # --parents keeps the folders above it with the os layer's owners and modes.
-            run(["cp", "-a", "--parents", path.lstrip("/"), str(rootfs)], f"keeping {path}", cwd=scratch)
-    remove_tree(scratch)
-    return {"from": os_layer.path.name, "kernel_wheels": wheels, "paths": list(_KERNEL_PATHS)}
+    options = f"lowerdir={os_layer.rootfs},upperdir={upper},workdir={work}"
+    run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], "mounting an overlay over the os layer")
+    try:
+        names = len(_packages.parse_lock(packages))
+        with step(progress, f"installing {names} locked Debian packages (R, IRkernel, the JDK)") as out:
+            installed = _packages.install(merged, packages, out)
+        with step(progress, f"creating {venv}"):
+            in_root(merged, ["python3", "-m", "venv", venv], "creating the kernels' virtualenv")
+        inside = merged / _WHEELHOUSE.lstrip("/")
+        shutil.copytree(wheelhouse, inside)
+        wheels = sorted(path.name for path in inside.glob("*.whl"))
+        with step(progress, f"installing {len(wheels)} locked wheels into {venv} (--require-hashes)") as out:
+            install = [f"{venv}/bin/pip", "install", "--no-index", "--find-links", _WHEELHOUSE, "--require-hashes"]
+            flags = ["--only-binary=:all:", "--no-cache-dir", "--no-input", "--disable-pip-version-check"]
+            lock = f"{_WHEELHOUSE}/kernels.lock"
+            in_root(merged, [*install, *flags, "-r", lock], "pip install of the kernels' lock", detail=out)
+            shutil.rmtree(inside)
+        with step(progress, f"handing {venv} to {_keys.USER!r}; checking every kernel's runtime as it"):
+            run(["chown", "-R", "--no-dereference", _OWNER, str(merged / venv.lstrip("/"))], "chown of the venv")
+            _check_kernels_as_user(merged)
+    finally:
+        remove_tree(merged)  # unmounts first
+    for leftover in (upper / "tmp").glob("*"):  # the JVM's perf-data folders of the checks
+        remove_tree(leftover)
+    marks = _settle_upper(upper)
+    remove_tree(work)
+    upper.rename(tmp / "rootfs")
+    return {"from": os_layer.path.name, "kernel_wheels": wheels, "debian_packages": installed, **marks}
+
+
+def _apply_marks(rootfs: Path, kernels: Template) -> None:
+    """What the kernels layer removed from ``os``, removed from the copy of ``base`` too."""
+    meta = json.loads((kernels.path / METADATA).read_text(encoding="utf-8"))
+    for path in meta.get("deleted", []):
+        target = rootfs / str(path).lstrip("/")
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+    for path in meta.get("opaque", []):  # a folder made anew: only what the layer has stays
+        relative = str(path).lstrip("/")
+        keep = {entry.name for entry in (kernels.rootfs / relative).iterdir()}
+        for entry in (rootfs / relative).iterdir():
+            if entry.name not in keep:
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
 
 
 def _build_interpreter(tmp: Path, base: Template, kernels: Template, progress: Progress) -> dict[str, object]:
@@ -318,7 +384,8 @@ def _build_interpreter(tmp: Path, base: Template, kernels: Template, progress: P
     with step(progress, f"copying {base.path.name}, then {kernels.path.name} onto it"):
         run(["cp", "-a", "--reflink=auto", str(base.rootfs), str(rootfs)], "copying the base layer")
         run(["cp", "-a", "--reflink=auto", f"{kernels.rootfs}/.", str(rootfs)], "copying the kernels layer")
-    with step(progress, "importing the kernels' packages and the interpreter server"):
+        _apply_marks(rootfs, kernels)
+    with step(progress, "checking the kernels and the interpreter server"):
         _check_kernels_as_user(rootfs)
         in_root(rootfs, [f"{_keys.VENV}/bin/python", "-c", _SERVER_CHECK], "importing the interpreter server")
     return {"from": [base.path.name, kernels.path.name]}
@@ -351,8 +418,11 @@ def ensure_template(
     tree = _keys.read_source_tree(repo if repo is not None else _default_repo()) if name != "os" else None
     recipe_base = None if tree is None else _keys.base_recipe(key_os, tree)
     recipe = recipe_os if recipe_base is None else recipe_base
-    lock = _kernels.read_lock() if name == _keys.INTERPRETER_TEMPLATE else None
-    recipe_kernels = None if lock is None else _keys.kernels_recipe(key_os, lock)
+    interpreter = name == _keys.INTERPRETER_TEMPLATE
+    lock = _kernels.read_lock() if interpreter else None
+    arch = str(recipe_os["arch"])
+    packages = _packages.read_lock(_packages.lock_path(_keys.SUITE, arch)) if interpreter else b""
+    recipe_kernels = None if lock is None else _keys.kernels_recipe(key_os, lock, packages)
     if recipe_base is not None and recipe_kernels is not None:
         recipe = _keys.interpreter_recipe(_keys.recipe_key(recipe_base), _keys.recipe_key(recipe_kernels))
     key = _keys.recipe_key(recipe)
@@ -389,7 +459,7 @@ def ensure_template(
                     agent_command=(),
                     # The wheels are fetched (once per lock) only when the layer is built.
                     build=lambda tmp: _build_kernels(
-                        tmp, os_layer, _kernels.ensure_wheelhouse(root.parent, locked), report
+                        tmp, os_layer, _kernels.ensure_wheelhouse(root.parent, locked), packages, report
                     ),
                 )
                 template = _materialize(
@@ -405,6 +475,20 @@ def ensure_template(
         for pruned in prune_templates(cache_root, keep=KEEP_TEMPLATES):
             report(ProgressEvent(f"removed the unused older template {pruned.name}", "note"))
     return template
+
+
+def lock_packages(*, cache_root: Path | None = None, progress: Progress | None = None) -> Path:
+    """Resolve ``packages.in`` with the apt of a scratch copy of the ``os`` layer into its lock (root)."""
+    os_layer = ensure_template("os", cache_root=cache_root, progress=progress)
+    out = _packages.lock_path(_keys.SUITE, _keys.debian_arch())
+    # Named like a build folder: one left by an interrupt is swept by the next build.
+    scratch = Path(tempfile.mkdtemp(prefix=".os-packages.build-", dir=templates_dir(cache_root)))
+    try:
+        rootfs = scratch / "rootfs"
+        run(["cp", "-a", "--reflink=auto", str(os_layer.rootfs), str(rootfs)], "copying the os layer")
+        return _packages.write_lock(rootfs, out, _packages.requested())
+    finally:
+        remove_tree(scratch)
 
 
 def _in_use(template: Template) -> bool:

@@ -43,8 +43,8 @@ __all__ = [
 # Bump when a build step changes what ends up in the layer without changing its inputs.
 OS_RECIPE_VERSION = 1
 BASE_RECIPE_VERSION = 1
-INTERPRETER_RECIPE_VERSION = 2
-KERNELS_RECIPE_VERSION = 1
+INTERPRETER_RECIPE_VERSION = 3  # 3: the kernels layer's removals applied
+KERNELS_RECIPE_VERSION = 3  # 3: the overlay's upper folder with Debian packages
 
 SUITE = "bookworm"
 VARIANT = "minbase"
@@ -205,8 +205,8 @@ def base_layer_key(os_key: str, repo: Path) -> str:
     return recipe_key(base_recipe(os_key, read_source_tree(repo)))
 
 
-def kernels_recipe(os_key: str, lock: bytes) -> dict[str, object]:
-    """The ``kernels`` layer's recipe: the ``os`` layer whose python makes the venv, and the lock."""
+def kernels_recipe(os_key: str, lock: bytes, packages: bytes) -> dict[str, object]:
+    """The ``kernels`` layer's recipe: the ``os`` layer it is installed on, the wheel and package locks."""
     return {
         "layer": "kernels",
         "version": KERNELS_RECIPE_VERSION,
@@ -214,6 +214,7 @@ def kernels_recipe(os_key: str, lock: bytes) -> dict[str, object]:
         "kernel_venv": KERNEL_VENV,
         "owner": USER_ID,
         "kernel_lock_sha256": hashlib.sha256(lock).hexdigest(),
+        "package_lock_sha256": hashlib.sha256(packages).hexdigest(),
     }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -142,16 +143,6 @@ GOOD: dict[str, Result] = {
             "b": {"stdout": printed("b", 100.1, 102.1), "error": None, "client": [1.0, 3.2]},
         }
     },
-    "interpreter/languages/bash": {
-        "bash": execution(stdout=["hi\n"]),
-        "unsupported": {
-            language: {
-                "raised": "SandboxException",
-                "message": f"500: Failed to create context: No such kernel named {language}",
-            }
-            for language in ("r", "java", "javascript", "typescript")
-        },
-    },
     "interpreter/network/private-traffic": {
         "has_token": True,
         "without": 403,
@@ -174,6 +165,13 @@ GOOD: dict[str, Result] = {
 CASES = {case.scenario: case for case in cases("interpreter")}
 
 
+# The languages, unknown-language, charts and rich-results scenarios: as the py-sync client recorded
+# them against the reference server (their results are long; the checks read every part).
+RECORDED = Path(__file__).with_name("interpreter-results.json")
+GOOD.update({name: shown for name, shown in json.loads(RECORDED.read_text("utf-8")).items() if "/" in name})
+LANGUAGES = [f"interpreter/languages/{language}" for language in checks.LANGUAGE_ANSWERS]
+
+
 def test_every_interpreter_case_has_a_good_result_here() -> None:
     assert set(GOOD) == set(CASES)
 
@@ -191,18 +189,25 @@ def _js_shapes() -> list[Any]:
     contexts["run_after_remove"] = "NotFoundError"
     timeout = copy.deepcopy(GOOD["interpreter/interrupt/timeout-then-run"])
     timeout.update(raised="TimeoutError", message="Execution timed out — the 'timeoutMs' option can be used")
-    refused = copy.deepcopy(GOOD["interpreter/languages/bash"])
-    for outcome in refused["unsupported"].values():
-        outcome.update(raised="SandboxError", message="500 Internal Server Error")  # JS drops the body
-    not_found = copy.deepcopy(GOOD["interpreter/languages/bash"])
-    for language, outcome in not_found["unsupported"].items():
-        outcome.update(raised="NotFoundError", message=f"no kernel for {language}")
+    refused = copy.deepcopy(GOOD["interpreter/languages/unknown"])
+    refused.update(raised="SandboxError", message="500 Internal Server Error")  # JS drops the body
+    not_found = copy.deepcopy(GOOD["interpreter/languages/unknown"])
+    not_found.update(raised="NotFoundError", message="no kernel for cobol")
+    charts = copy.deepcopy(GOOD["interpreter/results/charts"])
+    for run in charts.values():
+        for shown in run["results"]:
+            if shown["chart"] is not None:
+                shown["chart"]["class"] = None
+                for element in shown["chart"]["elements"]:
+                    if "chart" in element:
+                        element["chart"]["class"] = None
     return [
         pytest.param("interpreter/results/matplotlib", matplotlib, id="untyped-chart"),
         pytest.param("interpreter/contexts/lifecycle", contexts, id="NotFoundError"),
         pytest.param("interpreter/interrupt/timeout-then-run", timeout, id="TimeoutError"),
-        pytest.param("interpreter/languages/bash", refused, id="SandboxError-without-body"),
-        pytest.param("interpreter/languages/bash", not_found, id="NotFoundError-with-body"),
+        pytest.param("interpreter/languages/unknown", refused, id="SandboxError-without-body"),
+        pytest.param("interpreter/languages/unknown", not_found, id="NotFoundError-with-body"),
+        pytest.param("interpreter/results/charts", charts, id="untyped-charts"),
     ]
 
 
@@ -226,6 +231,41 @@ def _call(fn: Callable[[Result], Any]) -> Callable[[Result], None]:
         fn(r)
 
     return change
+
+
+def _lose_answer(r: Result, step: str) -> None:
+    run = r[step]
+    if run["results"]:
+        run["results"][0]["text"] = "41"
+    run["stdout"] = ["41\n"] if run["stdout"] else []
+
+
+def _share_state(r: Result) -> None:
+    r["context_get"] = copy.deepcopy(r["kept"])
+
+
+def _chart_changes(kind: str) -> list[tuple[str, Callable[[Result], None]]]:
+    """What a faulty chart extraction could do to the chart of the ``kind`` cell."""
+
+    def on_chart(change: Callable[[dict[str, Any]], Any]) -> Callable[[Result], None]:
+        return lambda r: change(_chart(r[kind])) and None
+
+    return [
+        ("no chart", lambda r: _drop_charts(r[kind])),
+        ("another type", on_chart(lambda chart: chart.update(type="bar" if kind != "bar" else "line"))),
+        ("another title", on_chart(lambda chart: chart.update(title="Other"))),
+        ("no elements", on_chart(lambda chart: chart.update(elements=[]))),
+    ]
+
+
+def _chart(run: Result) -> dict[str, Any]:
+    chart: dict[str, Any] = next(result["chart"] for result in run["results"] if result["chart"] is not None)
+    return chart
+
+
+def _drop_charts(run: Result) -> None:
+    for result in run["results"]:
+        result["chart"] = None
 
 
 BROKEN: list[tuple[str, str, Callable[[Result], None]]] = [
@@ -318,30 +358,55 @@ BROKEN: list[tuple[str, str, Callable[[Result], None]]] = [
     ("interpreter/contexts/concurrent", "output crossed", _set(("runs", "a", "stdout"), printed("b", 100.0, 102.0))),
     ("interpreter/contexts/concurrent", "a run failed", _set(("runs", "b", "error"), {"name": "E"})),
     ("interpreter/contexts/concurrent", "nothing printed", _set(("runs", "a", "stdout"), [])),
-    ("interpreter/languages/bash", "bash not run", _set(("bash", "stdout"), [])),
-    ("interpreter/languages/bash", "bash error", _set(("bash", "error"), {"name": "E", "value": "", "traceback": ""})),
-    ("interpreter/languages/bash", "r ran", _set(("unsupported", "r"), {"raised": None, "message": ""})),
-    (
-        "interpreter/languages/bash",
-        "timeout instead of a refusal",
-        _set(("unsupported", "java"), {"raised": "TimeoutException", "message": "502: gone"}),
+    *(
+        (name, what, change)
+        for name in LANGUAGES
+        for what, change in (
+            ("no default javascript context at start", _call(lambda r: r["at_start"].pop())),
+            ("printed nothing", _set(("hello", "stdout"), [])),
+            ("state lost between runs", _call(lambda r: _lose_answer(r, "kept"))),
+            ("state lost after an error", _call(lambda r: _lose_answer(r, "after_error"))),
+            ("default context in another folder", _set(("cwd", "stdout"), ["/\n"])),
+            ("run's env var kept after the run", _call(lambda r: r["env"]["after"].update(stdout=["x|g\n"]))),
+            ("run's env var mangled", _call(lambda r: r["env"]["during"].update(stdout=["it's q|override\n"]))),
+            ("sandbox env var missing", _call(lambda r: r["env"]["before"].update(stdout=["<unset>|<unset>\n"]))),
+            ("no error", _call(lambda r: r["error"].update(error=None))),
+            ("error of another name", _call(lambda r: r["error"]["error"].update(name="Exception"))),
+            ("context in another folder", _set(("created", "cwd"), "/home/user")),
+            ("context not listed", _set(("listed",), [])),
+            ("context ran in another folder", _set(("context_cwd", "stdout"), ["/home/user\n"])),
+            ("context shares the default's kernel", _share_state),
+            ("context of another language", _set(("created", "language"), "python")),
+        )
     ),
+    ("interpreter/languages/unknown", "ran", _set(("raised",), None)),
+    ("interpreter/languages/unknown", "timeout instead of a refusal", _set(("raised",), "TimeoutException")),
+    ("interpreter/languages/unknown", "message without a status", _set(("message",), "no kernel named cobol")),
+    ("interpreter/languages/unknown", "message names another language", _set(("message",), "500: no kernel named r")),
     (
-        "interpreter/languages/bash",
-        "message without a status",
-        _set(("unsupported", "r"), {"raised": "SandboxException", "message": "no kernel named r"}),
-    ),
-    (
-        "interpreter/languages/bash",
-        "message names another language",
-        _set(("unsupported", "java"), {"raised": "SandboxException", "message": "500: no kernel named javascript"}),
-    ),
-    (
-        "interpreter/languages/bash",
+        "interpreter/languages/unknown",
         "JS message without a status",
-        _set(("unsupported", "r"), {"raised": "SandboxError", "message": "Internal Server Error"}),
+        _call(lambda r: r.update(raised="SandboxError", message="Internal Server Error")),
     ),
-    ("interpreter/languages/bash", "a language not tried", _call(lambda r: r["unsupported"].pop("typescript"))),
+    *(
+        ("interpreter/results/charts", f"{kind}: {what}", change)
+        for kind in checks.CHARTS
+        for what, change in _chart_changes(kind)
+    ),
+    ("interpreter/results/charts", "a kind not tried", _call(lambda r: r.pop("pie"))),
+    (
+        "interpreter/results/charts",
+        "typed as another class",
+        _call(lambda r: _chart(r["bar"]).update({"class": "LineChart"})),
+    ),
+    ("interpreter/results/rich", "no svg", _set(("results", 0, "svg"), None)),
+    ("interpreter/results/rich", "latex changed", _set(("results", 1, "latex"), "x^2")),
+    ("interpreter/results/rich", "json as text", _set(("results", 2, "json"), '{"answer": 42}')),
+    ("interpreter/results/rich", "no javascript", _set(("results", 3, "javascript"), None)),
+    ("interpreter/results/rich", "PIL image missing", _call(lambda r: r["results"].pop(4))),
+    ("interpreter/results/rich", "figure not shown", _call(lambda r: r["results"].pop())),
+    ("interpreter/results/rich", "a display as the main result", _set(("results", 0, "is_main_result"), True)),
+    ("interpreter/results/rich", "savefig wrote nothing", _set(("stdout",), ["False\n"])),
     ("interpreter/network/private-traffic", "no token", _set(("has_token",), False)),
     ("interpreter/network/private-traffic", "open without the token", _set(("without",), 200)),
     ("interpreter/network/private-traffic", "refused with the token", _set(("with",), 403)),

@@ -67,9 +67,9 @@ def test_one_row_per_report_and_the_cases_that_differ(tmp_path: Path) -> None:
     ]
     markdown = to_markdown(document)
     assert "| `sandbox/create` | pass | pass | pass | fail |" in markdown
-    json_path, markdown_path = write_matrix(reports, tmp_path / "matrix")
-    assert json.loads(json_path.read_text(encoding="utf-8")) == document
-    assert markdown_path.read_text(encoding="utf-8") == markdown
+    written = write_matrix(reports, tmp_path / "matrix")
+    assert json.loads(written.json.read_text(encoding="utf-8")) == document
+    assert written.markdown.read_text(encoding="utf-8") == markdown
 
 
 def test_two_reports_of_the_same_backend_templates_and_clients_are_refused(tmp_path: Path) -> None:

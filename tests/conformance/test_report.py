@@ -210,6 +210,7 @@ def test_json_report_validates_and_carries_the_run() -> None:
         "domain": "e2b.localhost:8443",
         "template": "base",
         "backend": "crun",
+        "features": None,  # unknown: the run did not say
     }
     assert document["contract"] == {"manifest_sha256": MANIFEST_SHA256}
     assert document["fixed"] == [{"case": "commands/run", "flavour": "py-sync", "reason": "issue 7"}]

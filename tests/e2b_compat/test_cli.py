@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -119,6 +120,20 @@ def test_host_prepare_runs_the_named_backends_set_up(
     assert main(["host", "prepare", "--backend", "other"]) == 0
     assert calls == ["other"]
     assert "host ready for other sandboxes" in capsys.readouterr().out
+
+
+def test_host_prepare_all_prepares_every_serving_backend_and_not_the_others(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    for name in list(BACKENDS):
+        recording = _recording_entry(name, calls).prepare_host
+        monkeypatch.setitem(BACKENDS, name, dataclasses.replace(BACKENDS[name], prepare_host=recording))
+    assert main(["host", "prepare", "--backend", "all"]) == 0
+    serving = [name for name, entry in BACKENDS.items() if entry.serves]
+    assert calls == serving
+    assert "fake" not in calls
+    assert f"host ready for {', '.join(serving)} sandboxes" in capsys.readouterr().out
 
 
 def test_host_prepare_for_the_fake_needs_nothing(capsys: pytest.CaptureFixture[str]) -> None:

@@ -226,7 +226,7 @@ def test_file_values_of_every_type(tmp_path: Path, env: dict[str, str]) -> None:
         ('domain = "e2b.localhost:8443"\n', "domain", "includes a port"),
         ('domain = "E2B.localhost"\n', "domain", "lowercase"),
         ('domain = "10.0.0.1"\n', "domain", "IP address"),
-        ('backend = "docker"\n', "backend", "one of crun"),
+        ('backend = "firecracker"\n', "backend", "one of crun"),
         ('default_template = "../x"\n', "default_template", "not a template name"),
         ('templates = ["base", "base"]\n', "templates", "twice"),
         ('templates = ["a/b"]\n', "templates", "not a template name"),

@@ -1,11 +1,12 @@
 """SIGKILL of the server at seeded random points of a burst of creates and kills: nothing lost, no orphan.
 
-Each of 5 rounds runs creates (4 in flight) and kills of earlier sandboxes at once, SIGKILLs the
-server's process group after a random delay, and starts it again on the same data folder. Then:
-every sandbox whose create was answered 201 is listed unless a kill of it was asked; none whose
-kill was answered 204 is listed; the backend's records, crun's containers, the network namespaces,
-the cgroups and the mounts hold exactly the listed sandboxes (a create the crash cut off leaves
-nothing, not even files set aside as failed); each listed running one answers.
+Each of 5 rounds (``Counts.crash_rounds`` of the backend) runs creates (4 in flight) and kills
+of earlier sandboxes at once, SIGKILLs the server's process group after a random delay, and
+starts it again on the same data folder. Then: every sandbox whose create was answered 201 is
+listed unless a kill of it was asked; none whose kill was answered 204 is listed; the backend's
+records, the runtime's containers and processes, the network namespaces, the cgroups and the
+mounts hold exactly the listed sandboxes (a create the crash cut off leaves nothing, not even
+files set aside as failed); each listed running one answers.
 """
 
 from __future__ import annotations
@@ -23,29 +24,29 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from runtime.crun import CrunBackend
+from runtime.backends import BackendOptions, open_backend
 
 from ._harness import Api, host_is_fine, host_state, leftovers, requests_made
-from .conftest import report, running_server
+from .conftest import counts, report, running_server
 
 pytestmark = [pytest.mark.artifacts]
 
-ROUNDS = 5
 SEED = 20261201
-CREATES_PER_ROUND = 8
 IN_FLIGHT = 4
 
 
-def test_sigkill_at_random_points_loses_nothing() -> None:
+def test_sigkill_at_random_points_loses_nothing(backend: str) -> None:
     began, requests_before = time.monotonic(), requests_made()
     rng = random.Random(SEED)
+    rounds, per_round = counts(backend).crash_rounds, counts(backend).creates_per_round
     answered: set[str] = set()  # creates answered 201
     kill_asked: set[str] = set()
     kill_done: set[str] = set()  # kills answered 204
     interrupted = 0
     lock = threading.Lock()
-    with running_server("crashes") as server, Api(server) as api:
-        before = host_state(server.data_dir)
+    with running_server("crashes", backend) as server, Api(server) as api:
+        before = host_state(server)
+        options = BackendOptions(state_dir=server.data_dir / "runtime")
 
         def create() -> None:
             nonlocal interrupted
@@ -72,7 +73,7 @@ def test_sigkill_at_random_points_loses_nothing() -> None:
                     interrupted += 1
 
         delays = []
-        for _ in range(ROUNDS):
+        for _ in range(rounds):
             with lock:
                 victims = sorted(answered - kill_asked)
             victims = rng.sample(victims, k=len(victims) // 2)
@@ -80,7 +81,7 @@ def test_sigkill_at_random_points_loses_nothing() -> None:
             delays.append(round(delay, 2))
             pool = ThreadPoolExecutor(IN_FLIGHT)
             # Kills interleaved with the creates, so that the crash finds both under way.
-            work: list[Callable[[], None]] = [create for _ in range(CREATES_PER_ROUND)]
+            work: list[Callable[[], None]] = [create for _ in range(per_round)]
             for index, victim in enumerate(victims):
                 work.insert(2 * index, functools.partial(kill, victim))
             burst = [pool.submit(task) for task in work]
@@ -96,14 +97,14 @@ def test_sigkill_at_random_points_loses_nothing() -> None:
             assert not lost, f"answered creates lost after a SIGKILL: {sorted(lost)}"
             undead = kill_done & set(states)
             assert not undead, f"sandboxes whose kill was answered are listed again: {sorted(undead)}"
-            runtime = {info.sandbox_id for info in asyncio.run(CrunBackend(server.data_dir / "runtime").list())}
+            runtime = {info.sandbox_id for info in asyncio.run(open_backend(backend, options).list())}
             assert runtime == set(states), (
                 f"backend records {sorted(runtime - set(states))} unknown to the store; "
                 f"store records {sorted(set(states) - runtime)} without a sandbox"
             )
-            failed = set(host_state(server.data_dir).quarantined)
+            failed = set(host_state(server).quarantined)
             assert not failed & answered, f"answered sandboxes set aside as failed after a SIGKILL: {failed & answered}"
-            left = leftovers(before, server.data_dir, states)
+            left = leftovers(before, server, states)
             assert not left, f"orphans after a SIGKILL: {left[:10]}"
             for sandbox_id, state in states.items():
                 if state == "running":
@@ -116,11 +117,12 @@ def test_sigkill_at_random_points_loses_nothing() -> None:
         with ThreadPoolExecutor(IN_FLIGHT) as pool:
             codes = list(pool.map(api.kill, survivors))
         assert set(codes) <= {204}, codes
-        assert not leftovers(before, server.data_dir, ())
+        assert not leftovers(before, server, ())
     report(
         "sigkill",
+        backend,
         seed=SEED,
-        faults_injected=ROUNDS,
+        faults_injected=rounds,
         kill_delays_s=delays,
         creates_answered=len(answered),
         kills_answered=len(kill_done),

@@ -1,10 +1,11 @@
 """A burst of concurrent creates from two owners: every sandbox is itself, alone on its address.
 
-64 creates, 16 in flight, alternating between two owners' keys, each with an environment variable
-and metadata value of its own. Every sandbox then says, from inside, its hostname, the variable
-its ``/init`` delivered, its ``E2B_SANDBOX_ID`` and its IPv4 addresses: each must be its own, no
-address may be another's, and each must lie in the /30 the host registry leased to it. Each owner
-lists only its own sandboxes. After the kills nothing of the burst is left on the host.
+64 creates (``Counts.creates`` of the backend), 16 in flight, alternating between two owners'
+keys, each with an environment variable and metadata value of its own. Every sandbox then says,
+from inside, its hostname, the variable its ``/init`` delivered, its ``E2B_SANDBOX_ID`` and its
+IPv4 addresses: each must be its own, no address may be another's, and each must lie in the /30
+the host registry leased to it. Each owner lists only its own sandboxes. After the kills nothing
+of the burst is left on the host.
 """
 
 from __future__ import annotations
@@ -20,19 +21,17 @@ import pytest
 from conformance._endpoint import ManagedServer
 
 from ._harness import IDENTITY, Api, addresses_of, host_is_fine, host_state, leftovers, requests_made
-from .conftest import report
+from .conftest import counts, report
 
 pytestmark = [pytest.mark.artifacts]
-
-BURST = 64
-IN_FLIGHT = 16
 
 
 def test_concurrent_creates_from_two_owners(shared_server: ManagedServer, closing: Callable[[Api], Api]) -> None:
     began, requests_before = time.monotonic(), requests_made()
+    burst, in_flight = counts(shared_server.backend).creates, counts(shared_server.backend).creates_in_flight
     second_key = shared_server.issue_key("reliability-b")
     owners = {"A": closing(Api(shared_server)), "B": closing(Api(shared_server, second_key))}
-    before = host_state(shared_server.data_dir)
+    before = host_state(shared_server)
     results: list[dict[str, Any]] = []
 
     def create(n: int) -> dict[str, Any]:
@@ -46,17 +45,17 @@ def test_concurrent_creates_from_two_owners(shared_server: ManagedServer, closin
         return owners[made["owner"]].envd(made["body"]).run(IDENTITY, timeout=60).stdout
 
     try:
-        with ThreadPoolExecutor(IN_FLIGHT) as pool:
-            results = list(pool.map(create, range(BURST)))
+        with ThreadPoolExecutor(in_flight) as pool:
+            results = list(pool.map(create, range(burst)))
             created_s = time.monotonic() - began
             made = [r for r in results if r["status"] == 201]
             refused = [f"{r['status']}: {r['text'][:200]}" for r in results if r["status"] != 201]
-            assert not refused, f"{len(refused)} of {BURST} creates refused: {refused[:5]}"
+            assert not refused, f"{len(refused)} of {burst} creates refused: {refused[:5]}"
             held = {o: set(api.states()) for o, api in owners.items()}
             seen = list(pool.map(identify, made))
         registry = addresses_of(shared_server.data_dir)
         ids = [r["body"]["sandboxID"] for r in made]
-        assert len(set(ids)) == BURST, "two creates answered with the same sandbox id"
+        assert len(set(ids)) == burst, "two creates answered with the same sandbox id"
         by_marker = {r["marker"]: r["body"]["sandboxID"] for r in made}
         problems: list[str] = []
         owner_of: dict[str, str] = {}
@@ -88,20 +87,21 @@ def test_concurrent_creates_from_two_owners(shared_server: ManagedServer, closin
         assert not problems, f"{len(problems)} problems: " + "; ".join(problems[:10])
         host_is_fine(shared_server.data_dir)
     finally:
-        with ThreadPoolExecutor(IN_FLIGHT) as pool:
+        with ThreadPoolExecutor(in_flight) as pool:
             kills = list(
                 pool.map(lambda r: owners[r["owner"]].kill(r["body"]["sandboxID"]), [r for r in results if r["body"]])
             )
     assert all(code == 204 for code in kills), f"kill answers: {sorted(set(kills))}"
     still = set(owners["A"].states()) | set(owners["B"].states())
-    left = leftovers(before, shared_server.data_dir, still)
+    left = leftovers(before, shared_server, still)
     assert not left, f"left on the host after the kills: {left[:10]}"
     report(
         "concurrent-creates",
+        shared_server.backend,
         sandboxes_created=len(made),
         sandboxes_held_at_once=sum(len(h) for h in held.values()),
         owners=2,
-        in_flight=IN_FLIGHT,
+        in_flight=in_flight,
         distinct_addresses=len(owner_of),
         create_burst_seconds=round(created_s, 1),
         requests=requests_made() - requests_before,

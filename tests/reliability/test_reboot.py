@@ -1,9 +1,11 @@
 """A simulated host reboot: the server and every sandbox process die, every mount and namespace is gone.
 
 Three sandboxes (one running, one paused with its memory, one paused to its files) each hold a
-file. The server is SIGKILLed; then every crun container of its backend is deleted, everything
-mounted under its data folder is unmounted (newest first: loop disks, overlays, idmapped binds)
-and the sandboxes' network namespaces are deleted, as a reboot would leave the host. After a
+file. The server is SIGKILLed; then ``_harness.reboot`` takes away what a reboot would, per
+backend: crun's and runsc's containers are killed and deleted (and runsc's sandbox and gofer
+processes killed), our Docker Engine's containers of this server are SIGKILLed (kept, as a reboot
+keeps them); everything mounted under the data folder is unmounted (newest first: loop disks,
+overlays, idmapped binds) and the sandboxes' network namespaces are deleted. After a
 restart on the same data folder all three are listed, a connect resumes each, and each still
 holds its file. Nothing is left over once they are killed.
 """
@@ -12,45 +14,21 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import subprocess
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
-from ._harness import Api, host_is_fine, host_state, leftovers, requests_made
+from ._harness import Api, host_is_fine, host_state, leftovers, reboot, requests_made
 from .conftest import report, running_server
 
 pytestmark = [pytest.mark.artifacts]
 
 
-def _reboot(data_dir: Path, sandbox_ids: list[str]) -> dict[str, int]:
-    """What a reboot takes away from the host, done by hand: containers, mounts, namespaces."""
-    crun_root = data_dir / "runtime" / "crun"
-    containers = sorted(p.name for p in crun_root.iterdir()) if crun_root.is_dir() else []
-    for container in containers:
-        subprocess.run(["crun", "--root", str(crun_root), "kill", container, "KILL"], capture_output=True, check=False)
-        subprocess.run(
-            ["crun", "--root", str(crun_root), "delete", "--force", container], capture_output=True, check=False
-        )
-    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
-    ours = [m for m in mounts if m.startswith(f"{data_dir}/")]
-    for mount_point in reversed(ours):  # /proc/mounts lists in mount order: undo newest first
-        done = subprocess.run(["umount", mount_point], capture_output=True, text=True, check=False)
-        assert done.returncode == 0, f"umount {mount_point}: {done.stderr}"
-    namespaces = 0
-    for sandbox_id in sandbox_ids:
-        if Path(f"/run/netns/e2b-{sandbox_id}").exists():
-            subprocess.run(["ip", "netns", "delete", f"e2b-{sandbox_id}"], check=True)
-            namespaces += 1
-    return {"containers_deleted": len(containers), "mounts_removed": len(ours), "netns_deleted": namespaces}
-
-
-def test_a_reboot_keeps_running_and_paused_sandboxes() -> None:
+def test_a_reboot_keeps_running_and_paused_sandboxes(backend: str) -> None:
     began, requests_before = time.monotonic(), requests_made()
-    with running_server("reboot") as server, Api(server) as api:
-        before = host_state(server.data_dir)
+    with running_server("reboot", backend) as server, Api(server) as api:
+        before = host_state(server)
         kinds = ("running", "paused-memory", "paused-files")
         sandboxes = {kind: api.created(timeout=900) for kind in kinds}
         markers = {kind: uuid.uuid4().hex for kind in kinds}
@@ -63,7 +41,7 @@ def test_a_reboot_keeps_running_and_paused_sandboxes() -> None:
                 paused = api.request("POST", f"/sandboxes/{ids[kind]}/pause", json={"memory": memory})
                 assert paused.status_code == 204, paused.text
             server.stop(signal.SIGKILL)
-            taken = _reboot(server.data_dir, list(ids.values()))
+            taken = reboot(server, list(ids.values()))
             server.start()
             states = api.states()
             missing = {kind: i for kind, i in ids.items() if i not in states}
@@ -86,10 +64,11 @@ def test_a_reboot_keeps_running_and_paused_sandboxes() -> None:
             for sandbox_id in ids.values():
                 with contextlib.suppress(Exception):
                     api.kill(sandbox_id)
-        left = leftovers(before, server.data_dir, api.states())
+        left = leftovers(before, server, api.states())
         assert not left, f"left after the kills: {left}"
     report(
         "reboot",
+        backend,
         sandboxes=len(ids),
         states_before={kind: kind.split("-")[0] for kind in kinds},
         states_after={kind: states[i] for kind, i in ids.items()},

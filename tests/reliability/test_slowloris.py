@@ -97,6 +97,7 @@ def test_slow_loris_does_not_starve_others(shared_server: ManagedServer) -> None
     assert not still_open, f"{still_open} dribbling connections still open after {WITHIN_S:.0f} s"
     report(
         "slow-loris",
+        shared_server.backend,
         dribbling_connections=TLS_DRIBBLERS + SILENT,
         closed_by_the_edge=len(closed_at),
         last_closed_after_s=round(max(closed_at.values()), 1),

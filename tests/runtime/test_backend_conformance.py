@@ -212,11 +212,37 @@ def crun_trial(tmp_path: Path) -> Iterator[Trial]:
         shutil.rmtree(folder)
 
 
-TRIALS: dict[str, Callable[[Path], contextlib.AbstractContextManager[Trial]]] = {"crun": crun_trial}
+@contextlib.contextmanager
+def docker_trial(tmp_path: Path) -> Iterator[Trial]:
+    from .test_docker import docker_leftovers, stop_engine_if_started_here
+
+    ensure_template("base")
+    folder = Path(tempfile.mkdtemp(prefix="e2b-compat-docker-", dir="/var/tmp"))
+    try:
+        yield Trial(BackendOptions(state_dir=folder), "base", max_steps=4)
+        assert docker_leftovers(folder) == [], "containers or snapshot images left behind"
+    finally:
+        shutil.rmtree(folder)
+        stop_engine_if_started_here()
+
+
+TRIALS: dict[str, Callable[[Path], contextlib.AbstractContextManager[Trial]]] = {
+    "crun": crun_trial,
+    "docker": docker_trial,
+    "gvisor": crun_trial,  # the same OCI bundle folder; runsc's state goes under it
+}
 MARKS: dict[str, list[pytest.MarkDecorator]] = {
     "crun": [
         pytest.mark.artifacts,
         pytest.mark.skipif(os.geteuid() != 0, reason="crun sandboxes need root (namespaces, mounts, cgroups)"),
+    ],
+    "docker": [
+        pytest.mark.artifacts,
+        pytest.mark.skipif(os.geteuid() != 0, reason="our own Docker Engine and its containers need root"),
+    ],
+    "gvisor": [
+        pytest.mark.artifacts,
+        pytest.mark.skipif(os.geteuid() != 0, reason="gVisor sandboxes need root (namespaces, mounts, cgroups)"),
     ],
 }
 

@@ -27,7 +27,7 @@ from runtime.templates import Template
 
 def test_the_table_has_crun_by_default_and_the_fake() -> None:
     assert DEFAULT_BACKEND == "crun"
-    assert list(BACKENDS) == ["crun", "fake"]
+    assert list(BACKENDS) == ["crun", "docker", "gvisor", "fake"]
     for name, entry in BACKENDS.items():
         assert entry.name == name
         assert entry.description
@@ -37,10 +37,10 @@ def test_the_table_has_crun_by_default_and_the_fake() -> None:
 def test_an_unknown_name_is_refused_naming_the_known_ones(tmp_path: Path) -> None:
     with pytest.raises(UnknownBackendError) as info:
         open_backend("nope", BackendOptions(state_dir=tmp_path))
-    assert str(info.value) == "unknown backend 'nope' (known: crun, fake)"
+    assert str(info.value) == "unknown backend 'nope' (known: crun, docker, gvisor, fake)"
     assert isinstance(info.value, BackendError)
     assert isinstance(info.value, ValueError)
-    with pytest.raises(UnknownBackendError, match=r"known: crun, fake"):
+    with pytest.raises(UnknownBackendError, match=r"known: crun, docker, gvisor, fake"):
         backend_entry("")
 
 
@@ -55,7 +55,7 @@ def test_an_entry_added_to_the_table_is_known(tmp_path: Path, monkeypatch: pytes
     options = BackendOptions(state_dir=tmp_path)
     assert isinstance(open_backend("other", options), FakeBackend)
     assert made == [options]
-    with pytest.raises(UnknownBackendError, match=r"known: crun, fake, other\)"):
+    with pytest.raises(UnknownBackendError, match=r"known: crun, docker, gvisor, fake, other\)"):
         open_backend("nope", options)
 
 

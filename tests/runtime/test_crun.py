@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import pyqwest
 import pytest
 
 from contract.generated.process import process_connect
@@ -68,9 +69,18 @@ def backend(state_dir: Path) -> Iterator[CrunBackend]:
         run(crun.kill(info.sandbox_id))
 
 
-def shell(host: str, command: str, timeout_ms: int = 20_000) -> tuple[int, bytes, bytes]:
-    """Run a command in the sandbox through its agent; (exit code, stdout, stderr)."""
-    client = process_connect.ProcessClientSync(f"http://{host}:{ENVD_PORT}", timeout_ms=timeout_ms)
+def shell(
+    host: str, command: str, timeout_ms: int = 20_000, *, fresh_connection: bool = False
+) -> tuple[int, bytes, bytes]:
+    """Run a command in the sandbox through its agent; (exit code, stdout, stderr).
+
+    Connections are pooled across calls; ``fresh_connection`` opens a new one, as a sandbox
+    whose kernel died (gVisor's netstack is in it) never closed the old ones.
+    """
+    http_client = pyqwest.SyncClient(pyqwest.SyncHTTPTransport()) if fresh_connection else None
+    client = process_connect.ProcessClientSync(
+        f"http://{host}:{ENVD_PORT}", timeout_ms=timeout_ms, http_client=http_client
+    )
     out, err, code = b"", b"", None
     for response in client.start(ppb.StartRequest(process=ppb.ProcessConfig(cmd="/bin/bash", args=["-c", command]))):
         event = response.event

@@ -63,6 +63,16 @@ def test_ranges_avoid_every_subuid_and_subgid_entry(tmp_path: Path) -> None:
         assert not any(base < r.stop and r.start < base + SIZE for r in reserved)
 
 
+def test_a_claim_after_a_restart_is_refused_where_a_subid_entry_now_lies(tmp_path: Path) -> None:
+    # The registry (in /run) was empty after a host restart and a subid entry (docker's remap range) took the range.
+    subuid = tmp_path / "subuid"
+    subuid.write_text(f"e2b-compat-docker:{FIRST_ID + SIZE}:{SIZE}\n")
+    reg = registry(tmp_path / "reg", subids=[subuid])
+    assert reg.claim(FIRST_ID, "srv", "kept")
+    assert not reg.claim(FIRST_ID + SIZE, "srv", "other"), "a range overlapping a subid entry is never leased"
+    assert [lease.base for lease in reg.leases()] == [FIRST_ID]
+
+
 def test_release_is_the_owners_and_the_range_cools_down(tmp_path: Path) -> None:
     clock = Clock()
     reg = registry(tmp_path, clock=clock, count=2)

@@ -340,6 +340,35 @@ def test_reconcile_leaves_another_servers_networks_alone(
     assert stale not in {lease.subnet for lease in registry.leases()}
 
 
+def test_reconcile_spares_a_network_another_server_makes_while_it_runs(
+    tmp_path: Path, no_host: None, template: Template, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another server's create takes its lease, then makes its namespace: at any moment of our sweep.
+
+    Seen live with two servers: a sweep that read the leases before it listed the namespaces
+    took a namespace made in between for an orphan, and that tenant's agent never came up.
+    """
+    mine = MemoryOciBackend(tmp_path / "mine", templates=[template])
+    theirs = MemoryOciBackend(tmp_path / "theirs", templates=[template])
+    registry = _addresses.AddressRegistry()
+    owned: list[str] = []
+    destroyed: list[str] = []
+    real_leases = _addresses.AddressRegistry.leases
+
+    def leases_while_they_create(self: _addresses.AddressRegistry, owner: str | None = None) -> list[Any]:
+        found = real_leases(self, owner)
+        if not owned:  # their create, landing between the sweep's two reads
+            registry.allocate(theirs._owner, "racing")
+            owned.append(_network.NETNS_PREFIX + "racing")
+        return found
+
+    monkeypatch.setattr(_addresses.AddressRegistry, "leases", leases_while_they_create)
+    monkeypatch.setattr(_network, "list_owned", lambda prefix=_network.NETNS_PREFIX: list(owned))
+    monkeypatch.setattr(_network, "destroy", lambda net: destroyed.append(net.netns))
+    run(mine.reconcile())
+    assert destroyed == []
+
+
 def test_reconcile_ends_the_leases_of_a_backend_whose_folder_is_gone(
     tmp_path: Path, no_host: None, template: Template
 ) -> None:

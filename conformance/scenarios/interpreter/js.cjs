@@ -11,8 +11,12 @@
 // Result, Execution and ChartType, though declared in its types, are not runtime exports.
 const { Sandbox, NotFoundError, SandboxError, TimeoutError } = require('@e2b/code-interpreter')
 
-// The languages the project's code-interpreter-v1 template has no kernel for.
-const UNSUPPORTED_LANGUAGES = ['r', 'java', 'javascript', 'typescript']
+// The same steps in every language but python (which the other scenarios cover), from beside this
+// file; and a language no template has a kernel for.
+const LANGUAGES = JSON.parse(require('node:fs').readFileSync(require('node:path').join(__dirname, 'languages.json'), 'utf8'))
+const UNKNOWN_LANGUAGE = 'cobol'
+const RESULT_CELLS = JSON.parse(require('node:fs').readFileSync(require('node:path').join(__dirname, 'results.json'), 'utf8'))
+const LANGUAGE_CREATE = { envs: { GLOBAL_VAR: 'g' } }
 
 let current = ''
 function trace(stage) {
@@ -28,8 +32,14 @@ function chartOf(chart) {
     title: chart.title ?? null,
     x_label: chart.x_label ?? null,
     y_label: chart.y_label ?? null,
-    elements: (chart.elements ?? []).map((e) => (e.points ? { label: e.label, points: e.points } : { label: e.label ?? null })),
+    elements: (chart.elements ?? []).map(elementOf),
   }
+}
+
+function elementOf(e) {
+  if (e.points) return { label: e.label, points: e.points }
+  if (e.elements) return { chart: chartOf(e) } // a superchart's: a chart of its own
+  return { label: e.label ?? null, fields: Object.keys(e).filter((k) => k !== 'label').sort() }
 }
 
 function resultOf(r) {
@@ -38,6 +48,10 @@ function resultOf(r) {
     html: r.html ?? null,
     markdown: r.markdown ?? null,
     png_head: r.png ? Buffer.from(r.png, 'base64').subarray(0, 8).toString('hex') : null,
+    svg: r.svg ?? null,
+    latex: r.latex ?? null,
+    json: r.json ?? null,
+    javascript: r.javascript ?? null,
     chart: chartOf(r.chart),
     is_main_result: r.isMainResult ?? null,
     formats: r.formats(),
@@ -116,6 +130,17 @@ const scenarios = {
   ],
 
   'interpreter/results/matplotlib': [{}, async (sbx) => executionOf(await sbx.runCode(PLOT))],
+
+  'interpreter/results/charts': [
+    {},
+    async (sbx) => {
+      const found = {}
+      for (const [kind, code] of Object.entries(RESULT_CELLS.charts)) found[kind] = executionOf(await sbx.runCode(code))
+      return found
+    },
+  ],
+
+  'interpreter/results/rich': [{}, async (sbx) => executionOf(await sbx.runCode(RESULT_CELLS.rich))],
 
   'interpreter/results/display': [{}, async (sbx) => executionOf(await sbx.runCode(DISPLAY))],
 
@@ -253,21 +278,22 @@ const scenarios = {
     },
   ],
 
-  'interpreter/languages/bash': [
+  'interpreter/languages/javascript': [LANGUAGE_CREATE, (sbx) => languageScenario(sbx, 'javascript')],
+  'interpreter/languages/typescript': [LANGUAGE_CREATE, (sbx) => languageScenario(sbx, 'typescript')],
+  'interpreter/languages/r': [LANGUAGE_CREATE, (sbx) => languageScenario(sbx, 'r')],
+  'interpreter/languages/java': [LANGUAGE_CREATE, (sbx) => languageScenario(sbx, 'java')],
+  'interpreter/languages/bash': [LANGUAGE_CREATE, (sbx) => languageScenario(sbx, 'bash')],
+
+  'interpreter/languages/unknown': [
     {},
     async (sbx) => {
-      const bash = await sbx.runCode('echo hi', { language: 'bash' })
-      const unsupported = {}
-      for (const language of UNSUPPORTED_LANGUAGES) {
-        try {
-          await sbx.runCode('1', { language })
-          unsupported[language] = { raised: null, message: '' }
-        } catch (e) {
-          if (!(e instanceof SandboxError)) throw e
-          unsupported[language] = { raised: e.constructor.name, message: e.message }
-        }
+      try {
+        await sbx.runCode('1', { language: UNKNOWN_LANGUAGE })
+        return { raised: null, message: '' }
+      } catch (e) {
+        if (!(e instanceof SandboxError)) throw e
+        return { raised: e.constructor.name, message: e.message }
       }
-      return { bash: executionOf(bash), unsupported }
     },
   ],
 
@@ -319,6 +345,35 @@ const scenarios = {
       }
     },
   ],
+}
+
+async function languageScenario(sbx, language) {
+  const steps = LANGUAGES[language]
+  const atStart = (await sbx.listCodeContexts()).map((c) => ({ language: c.language, cwd: c.cwd }))
+  const run = async (step, options = {}) =>
+    executionOf(await sbx.runCode(steps[step], options.context ? options : { language, ...options }))
+  const hello = await run('hello')
+  trace('first run')
+  await run('set')
+  const found = { at_start: atStart, hello, kept: await run('get'), cwd: await run('cwd') }
+  found.env = {
+    before: await run('env'),
+    during: await run('env', { envs: { RUN_VAR: LANGUAGES._run_value, GLOBAL_VAR: 'override' } }),
+    after: await run('env'),
+  }
+  found.error = await run('error')
+  found.after_error = await run('get')
+  found.extra = await run('extra')
+  const context = await sbx.createCodeContext({ cwd: '/tmp', language })
+  trace(`context ${context.id}`)
+  found.created = { language: context.language, cwd: context.cwd }
+  found.context_cwd = await run('cwd', { context })
+  found.context_get = await run('get', { context }) // its own kernel: nothing of the default's state
+  found.listed = (await sbx.listCodeContexts())
+    .filter((c) => c.id === context.id)
+    .map((c) => ({ language: c.language, cwd: c.cwd }))
+  await sbx.removeCodeContext(context)
+  return found
 }
 
 async function main() {

@@ -15,6 +15,7 @@ import json
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,9 +31,6 @@ from e2b_code_interpreter import (  # type: ignore[import-not-found]
 Scenario = Callable[[AsyncSandbox], Awaitable[dict[str, Any]]]
 SCENARIOS: dict[str, tuple[Scenario, dict[str, Any]]] = {}
 CURRENT = [""]  # the running scenario's name, for stage traces
-
-# The languages the project's code-interpreter-v1 template has no kernel for.
-UNSUPPORTED_LANGUAGES = ("r", "java", "javascript", "typescript")
 
 
 def scenario(name: str, **create: Any) -> Callable[[Scenario], Scenario]:
@@ -51,12 +49,15 @@ def chart_of(chart: Any) -> dict[str, Any] | None:
     """The chart as the client parsed it (its typed classes): what a user of the client sees."""
     if chart is None:
         return None
-    elements = []
+    elements: list[dict[str, Any]] = []
     for element in chart.elements:
         if hasattr(element, "points"):
             elements.append({"label": element.label, "points": [list(point) for point in element.points]})
-        else:
-            elements.append({"label": getattr(element, "label", None)})
+        elif hasattr(element, "elements"):  # a superchart's: a chart of its own
+            elements.append({"chart": chart_of(element)})
+        else:  # bars, pie slices, boxes: their label and which fields the client gives them
+            fields = sorted(name for name in vars(element) if not name.startswith("_") and name != "label")
+            elements.append({"label": getattr(element, "label", None), "fields": fields})
     return {
         "class": type(chart).__name__,
         "type": getattr(chart.type, "value", chart.type),
@@ -74,6 +75,10 @@ def result_of(result: Any) -> dict[str, Any]:
         "html": result.html,
         "markdown": result.markdown,
         "png_head": png_head,
+        "svg": result.svg,
+        "latex": result.latex,
+        "json": result.json,
+        "javascript": result.javascript,
         "chart": chart_of(result.chart),
         "is_main_result": result.is_main_result,
         "formats": list(result.formats()),
@@ -140,6 +145,19 @@ display(HTML("<b>hi</b>"))
 display(Markdown("**md**"))
 40 + 2
 """
+
+
+RESULT_CELLS = json.loads((Path(__file__).resolve().parent / "results.json").read_text("utf-8"))
+
+
+@scenario("interpreter/results/charts")
+async def _charts(sbx: AsyncSandbox) -> dict[str, Any]:
+    return {kind: execution_of(await sbx.run_code(code)) for kind, code in RESULT_CELLS["charts"].items()}
+
+
+@scenario("interpreter/results/rich")
+async def _rich(sbx: AsyncSandbox) -> dict[str, Any]:
+    return execution_of(await sbx.run_code(RESULT_CELLS["rich"]))
 
 
 @scenario("interpreter/results/display")
@@ -274,17 +292,80 @@ async def _concurrent(sbx: AsyncSandbox) -> dict[str, Any]:
     return {"runs": dict(zip(contexts, runs, strict=True))}
 
 
-@scenario("interpreter/languages/bash")
-async def _languages(sbx: AsyncSandbox) -> dict[str, Any]:
-    bash = await sbx.run_code("echo hi", language="bash")
-    unsupported = {}
-    for language in UNSUPPORTED_LANGUAGES:
-        try:
-            await sbx.run_code("1", language=language)
-            unsupported[language] = {"raised": None, "message": ""}
-        except SandboxException as exc:
-            unsupported[language] = {"raised": type(exc).__name__, "message": str(exc)}
-    return {"bash": execution_of(bash), "unsupported": unsupported}
+# The same steps in every language but python (which the other scenarios cover), read from beside
+# this file: scripts run where they are.
+LANGUAGES = json.loads((Path(__file__).resolve().parent / "languages.json").read_text("utf-8"))
+# A language no template has a kernel for.
+UNKNOWN_LANGUAGE = "cobol"
+
+
+async def _language(sbx: AsyncSandbox, language: str) -> dict[str, Any]:
+    steps = LANGUAGES[language]
+    at_start = [{"language": c.language, "cwd": c.cwd} for c in await sbx.list_code_contexts()]
+
+    async def run(step: str, **options: Any) -> dict[str, Any]:
+        where = {"context": options.pop("context")} if "context" in options else {"language": language}
+        return execution_of(await sbx.run_code(steps[step], **where, **options))
+
+    hello = await run("hello")
+    trace("first run")
+    await run("set")
+    found: dict[str, Any] = {"at_start": at_start, "hello": hello, "kept": await run("get"), "cwd": await run("cwd")}
+    found["env"] = {
+        "before": await run("env"),
+        "during": await run("env", envs={"RUN_VAR": LANGUAGES["_run_value"], "GLOBAL_VAR": "override"}),
+        "after": await run("env"),
+    }
+    found["error"] = await run("error")
+    found["after_error"] = await run("get")
+    found["extra"] = await run("extra")
+    context = await sbx.create_code_context(cwd="/tmp", language=language)
+    trace(f"context {context.id}")
+    found["created"] = {"language": context.language, "cwd": context.cwd}
+    found["context_cwd"] = await run("cwd", context=context)
+    found["context_get"] = await run("get", context=context)  # its own kernel: nothing of the default's state
+    found["listed"] = [
+        {"language": c.language, "cwd": c.cwd} for c in await sbx.list_code_contexts() if c.id == context.id
+    ]
+    await sbx.remove_code_context(context)
+    return found
+
+
+LANGUAGE_CREATE = {"envs": {"GLOBAL_VAR": "g"}}
+
+
+@scenario("interpreter/languages/javascript", **LANGUAGE_CREATE)
+async def _javascript(sbx: AsyncSandbox) -> dict[str, Any]:
+    return await _language(sbx, "javascript")
+
+
+@scenario("interpreter/languages/typescript", **LANGUAGE_CREATE)
+async def _typescript(sbx: AsyncSandbox) -> dict[str, Any]:
+    return await _language(sbx, "typescript")
+
+
+@scenario("interpreter/languages/r", **LANGUAGE_CREATE)
+async def _r(sbx: AsyncSandbox) -> dict[str, Any]:
+    return await _language(sbx, "r")
+
+
+@scenario("interpreter/languages/java", **LANGUAGE_CREATE)
+async def _java(sbx: AsyncSandbox) -> dict[str, Any]:
+    return await _language(sbx, "java")
+
+
+@scenario("interpreter/languages/bash", **LANGUAGE_CREATE)
+async def _bash(sbx: AsyncSandbox) -> dict[str, Any]:
+    return await _language(sbx, "bash")
+
+
+@scenario("interpreter/languages/unknown")
+async def _unknown(sbx: AsyncSandbox) -> dict[str, Any]:
+    try:
+        await sbx.run_code("1", language=UNKNOWN_LANGUAGE)
+        return {"raised": None, "message": ""}
+    except SandboxException as exc:
+        return {"raised": type(exc).__name__, "message": str(exc)}
 
 
 # The contexts routes as the clients call them, sent here without the traffic token ({id}: a context's).

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -31,9 +32,6 @@ from e2b_code_interpreter import (  # type: ignore[import-not-found]
 Scenario = Callable[[Sandbox], dict[str, Any]]
 SCENARIOS: dict[str, tuple[Scenario, dict[str, Any]]] = {}
 CURRENT = [""]  # the running scenario's name, for stage traces
-
-# The languages the project's code-interpreter-v1 template has no kernel for.
-UNSUPPORTED_LANGUAGES = ("r", "java", "javascript", "typescript")
 
 
 def scenario(name: str, **create: Any) -> Callable[[Scenario], Scenario]:
@@ -52,12 +50,15 @@ def chart_of(chart: Any) -> dict[str, Any] | None:
     """The chart as the client parsed it (its typed classes): what a user of the client sees."""
     if chart is None:
         return None
-    elements = []
+    elements: list[dict[str, Any]] = []
     for element in chart.elements:
         if hasattr(element, "points"):
             elements.append({"label": element.label, "points": [list(point) for point in element.points]})
-        else:
-            elements.append({"label": getattr(element, "label", None)})
+        elif hasattr(element, "elements"):  # a superchart's: a chart of its own
+            elements.append({"chart": chart_of(element)})
+        else:  # bars, pie slices, boxes: their label and which fields the client gives them
+            fields = sorted(name for name in vars(element) if not name.startswith("_") and name != "label")
+            elements.append({"label": getattr(element, "label", None), "fields": fields})
     return {
         "class": type(chart).__name__,
         "type": getattr(chart.type, "value", chart.type),
@@ -75,6 +76,10 @@ def result_of(result: Any) -> dict[str, Any]:
         "html": result.html,
         "markdown": result.markdown,
         "png_head": png_head,
+        "svg": result.svg,
+        "latex": result.latex,
+        "json": result.json,
+        "javascript": result.javascript,
         "chart": chart_of(result.chart),
         "is_main_result": result.is_main_result,
         "formats": list(result.formats()),
@@ -137,6 +142,19 @@ display(HTML("<b>hi</b>"))
 display(Markdown("**md**"))
 40 + 2
 """
+
+
+RESULT_CELLS = json.loads((Path(__file__).resolve().parent / "results.json").read_text("utf-8"))
+
+
+@scenario("interpreter/results/charts")
+def _charts(sbx: Sandbox) -> dict[str, Any]:
+    return {kind: execution_of(sbx.run_code(code)) for kind, code in RESULT_CELLS["charts"].items()}
+
+
+@scenario("interpreter/results/rich")
+def _rich(sbx: Sandbox) -> dict[str, Any]:
+    return execution_of(sbx.run_code(RESULT_CELLS["rich"]))
 
 
 @scenario("interpreter/results/display")
@@ -272,17 +290,78 @@ def _concurrent(sbx: Sandbox) -> dict[str, Any]:
     return {"runs": runs}
 
 
-@scenario("interpreter/languages/bash")
-def _languages(sbx: Sandbox) -> dict[str, Any]:
-    bash = sbx.run_code("echo hi", language="bash")
-    unsupported = {}
-    for language in UNSUPPORTED_LANGUAGES:
-        try:
-            sbx.run_code("1", language=language)
-            unsupported[language] = {"raised": None, "message": ""}
-        except SandboxException as exc:
-            unsupported[language] = {"raised": type(exc).__name__, "message": str(exc)}
-    return {"bash": execution_of(bash), "unsupported": unsupported}
+# The same steps in every language but python (which the other scenarios cover), read from beside
+# this file: scripts run where they are.
+LANGUAGES = json.loads((Path(__file__).resolve().parent / "languages.json").read_text("utf-8"))
+# A language no template has a kernel for.
+UNKNOWN_LANGUAGE = "cobol"
+
+
+def _language(sbx: Sandbox, language: str) -> dict[str, Any]:
+    steps = LANGUAGES[language]
+    at_start = [{"language": c.language, "cwd": c.cwd} for c in sbx.list_code_contexts()]
+
+    def run(step: str, **options: Any) -> dict[str, Any]:
+        where = {"context": options.pop("context")} if "context" in options else {"language": language}
+        return execution_of(sbx.run_code(steps[step], **where, **options))
+
+    hello = run("hello")
+    trace("first run")
+    run("set")
+    found: dict[str, Any] = {"at_start": at_start, "hello": hello, "kept": run("get"), "cwd": run("cwd")}
+    found["env"] = {
+        "before": run("env"),
+        "during": run("env", envs={"RUN_VAR": LANGUAGES["_run_value"], "GLOBAL_VAR": "override"}),
+        "after": run("env"),
+    }
+    found["error"] = run("error")
+    found["after_error"] = run("get")
+    found["extra"] = run("extra")
+    context = sbx.create_code_context(cwd="/tmp", language=language)
+    trace(f"context {context.id}")
+    found["created"] = {"language": context.language, "cwd": context.cwd}
+    found["context_cwd"] = run("cwd", context=context)
+    found["context_get"] = run("get", context=context)  # its own kernel: nothing of the default's state
+    found["listed"] = [{"language": c.language, "cwd": c.cwd} for c in sbx.list_code_contexts() if c.id == context.id]
+    sbx.remove_code_context(context)
+    return found
+
+
+LANGUAGE_CREATE = {"envs": {"GLOBAL_VAR": "g"}}
+
+
+@scenario("interpreter/languages/javascript", **LANGUAGE_CREATE)
+def _javascript(sbx: Sandbox) -> dict[str, Any]:
+    return _language(sbx, "javascript")
+
+
+@scenario("interpreter/languages/typescript", **LANGUAGE_CREATE)
+def _typescript(sbx: Sandbox) -> dict[str, Any]:
+    return _language(sbx, "typescript")
+
+
+@scenario("interpreter/languages/r", **LANGUAGE_CREATE)
+def _r(sbx: Sandbox) -> dict[str, Any]:
+    return _language(sbx, "r")
+
+
+@scenario("interpreter/languages/java", **LANGUAGE_CREATE)
+def _java(sbx: Sandbox) -> dict[str, Any]:
+    return _language(sbx, "java")
+
+
+@scenario("interpreter/languages/bash", **LANGUAGE_CREATE)
+def _bash(sbx: Sandbox) -> dict[str, Any]:
+    return _language(sbx, "bash")
+
+
+@scenario("interpreter/languages/unknown")
+def _unknown(sbx: Sandbox) -> dict[str, Any]:
+    try:
+        sbx.run_code("1", language=UNKNOWN_LANGUAGE)
+        return {"raised": None, "message": ""}
+    except SandboxException as exc:
+        return {"raised": type(exc).__name__, "message": str(exc)}
 
 
 # The contexts routes as the clients call them, sent here without the traffic token ({id}: a context's).

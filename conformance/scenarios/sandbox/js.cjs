@@ -537,9 +537,11 @@ const scenarios = {
   // onTimeout "pause" (with and without memory), autoResume, and connect's new timeout.
   'sandbox/lifecycle-on-timeout': async () => {
     const state = async (id) => (await Sandbox.getInfo(id)).state
-    const memory = await Sandbox.create({ timeoutMs: 3000, lifecycle: { onTimeout: 'pause', autoResume: false } })
+    // Created with room for the set-up (a slow backend's create takes seconds), then given a short timeout:
+    // the timer setTimeout re-arms still carries the lifecycle chosen at create.
+    const memory = await Sandbox.create({ timeoutMs: 60000, lifecycle: { onTimeout: 'pause', autoResume: false } })
     const disk = await Sandbox.create({
-      timeoutMs: 3000,
+      timeoutMs: 60000,
       lifecycle: { onTimeout: { action: 'pause', keepMemory: false } },
     })
     const woken = await Sandbox.create({ timeoutMs: 120000, lifecycle: { onTimeout: 'pause', autoResume: true } })
@@ -548,6 +550,8 @@ const scenarios = {
       await memory.files.write('/home/user/kept.txt', 'kept')
       const keptPid = (await memory.commands.run('sleep 600', { background: true })).pid
       const diskPid = (await disk.commands.run('sleep 600', { background: true })).pid
+      await memory.setTimeout(3000)
+      await disk.setTimeout(3000)
       const memoryPaused = await waitUntil(async () => (await state(memory.sandboxId)) === 'paused', 40)
       const diskPaused = await waitUntil(async () => (await state(disk.sandboxId)) === 'paused', 40)
       const again = await Sandbox.connect(memory.sandboxId, { timeoutMs: 60000 })

@@ -483,14 +483,18 @@ async def _state(sandbox_id: str) -> str:
 @scenario("sandbox/lifecycle-on-timeout")
 async def _on_timeout(work: str) -> dict[str, Any]:
     """on_timeout "pause" (with and without memory), auto_resume, and connect's new timeout."""
-    memory = await AsyncSandbox.create(timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": False})
-    disk = await AsyncSandbox.create(timeout=3, lifecycle={"on_timeout": {"action": "pause", "keep_memory": False}})
+    # Created with room for the set-up (a slow backend's create takes seconds), then given a short timeout:
+    # the timer set_timeout re-arms still carries the lifecycle chosen at create.
+    memory = await AsyncSandbox.create(timeout=60, lifecycle={"on_timeout": "pause", "auto_resume": False})
+    disk = await AsyncSandbox.create(timeout=60, lifecycle={"on_timeout": {"action": "pause", "keep_memory": False}})
     woken = await AsyncSandbox.create(timeout=120, lifecycle={"on_timeout": "pause", "auto_resume": True})
     try:
         lifecycle = (await memory.get_info()).lifecycle
         await memory.files.write("/home/user/kept.txt", "kept")
         kept_pid = (await memory.commands.run("sleep 600", background=True)).pid
         disk_pid = (await disk.commands.run("sleep 600", background=True)).pid
+        await memory.set_timeout(3)
+        await disk.set_timeout(3)
 
         async def memory_paused() -> bool:
             return await _state(memory.sandbox_id) == "paused"

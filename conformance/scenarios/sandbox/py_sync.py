@@ -382,13 +382,11 @@ def _parallel_creates(work: str) -> dict[str, Any]:
             found["error"] = f"{type(exc).__name__}: {exc}"
         return found
 
-    try:
-        with ThreadPoolExecutor(max_workers=BURST) as pool:
-            sandboxes = list(pool.map(one, range(BURST)))
-        return {"sandboxes": sandboxes}
-    finally:
-        for sbx in made:
-            sbx.kill()
+    with ThreadPoolExecutor(max_workers=BURST) as pool:
+        try:
+            return {"sandboxes": list(pool.map(one, range(BURST)))}
+        finally:  # all at once, as the async and JS flavours do: one by one is the slowest part on a slow backend
+            list(pool.map(lambda sbx: sbx.kill(), list(made)))
 
 
 # A server on port 8001 that answers with the headers it received, one "name: value" per line;
@@ -459,14 +457,18 @@ def _state(sandbox_id: str) -> str:
 @scenario("sandbox/lifecycle-on-timeout")
 def _on_timeout(work: str) -> dict[str, Any]:
     """on_timeout "pause" (with and without memory), auto_resume, and connect's new timeout."""
-    memory = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": False})
-    disk = Sandbox.create(timeout=3, lifecycle={"on_timeout": {"action": "pause", "keep_memory": False}})
+    # Created with room for the set-up (a slow backend's create takes seconds), then given a short timeout:
+    # the timer set_timeout re-arms still carries the lifecycle chosen at create.
+    memory = Sandbox.create(timeout=60, lifecycle={"on_timeout": "pause", "auto_resume": False})
+    disk = Sandbox.create(timeout=60, lifecycle={"on_timeout": {"action": "pause", "keep_memory": False}})
     woken = Sandbox.create(timeout=120, lifecycle={"on_timeout": "pause", "auto_resume": True})
     try:
         lifecycle = memory.get_info().lifecycle
         memory.files.write("/home/user/kept.txt", "kept")
         kept_pid = memory.commands.run("sleep 600", background=True).pid
         disk_pid = disk.commands.run("sleep 600", background=True).pid
+        memory.set_timeout(3)
+        disk.set_timeout(3)
         memory_paused = wait_until(lambda: _state(memory.sandbox_id) == "paused", 40)
         disk_paused = wait_until(lambda: _state(disk.sandbox_id) == "paused", 40)
         again = Sandbox.connect(memory.sandbox_id, timeout=60)

@@ -13,6 +13,8 @@ import pytest
 from conformance._cases import Case, cases
 from conformance._scenarios import ScenarioRunner
 
+from .conftest import check_case
+
 pytestmark = [pytest.mark.artifacts]
 
 # Cases whose checks describe the bare agent's host rather than a sandbox.
@@ -28,8 +30,10 @@ HOST_ONLY = {"envd/commands/user-and-env"}
         for f in case.flavours
     ],
 )
-def test_envd_scenario_through_the_server(server_scenario: ScenarioRunner, flavour: str, case: Case) -> None:
-    case.check(server_scenario(flavour, case.scenario), server_scenario.work(flavour, case.scenario))
+def test_envd_scenario_through_the_server(
+    request: pytest.FixtureRequest, server_scenario: ScenarioRunner, flavour: str, case: Case
+) -> None:
+    check_case(request, server_scenario, flavour, case)
 
 
 def test_a_large_file_streams_through_the_edge(server_scenario: ScenarioRunner) -> None:

@@ -5,6 +5,7 @@ message naming the request that differed.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,12 +17,12 @@ from conformance._endpoint import ExternalEndpoint
 from conformance._gate import evaluate, load_policy
 from conformance._harness import ClientSet, RunPlan, run_cases
 from conformance._model import CaseResult, Outcome
-from conformance._run import FEATURES, RunOptions, main_run
-from conformance._signing import verify
+from conformance._signing import signature_paths, verify
 from conformance._wire import run_wire_cases
 from contract import load_inventory
 from tests.conformance.faulty_endpoint import Fault, FaultyEndpoint
 
+from ._default_run import CaseRun
 from .conftest import LiveServer
 
 pytestmark = [pytest.mark.artifacts]
@@ -35,30 +36,19 @@ def _failed(results: list[CaseResult] | tuple[CaseResult, ...], case: str) -> li
     return [result for result in results if result.case == case and result.outcome is Outcome.FAIL]
 
 
-def test_a_full_run_is_signed_and_passes_the_gate(live_server: LiveServer, tmp_path: Path) -> None:
-    options = RunOptions(
-        endpoint_env=dict(live_server.client_env),
-        second_api_key=live_server.issue_key("harness-second"),
-        python_versions=(),
-        node_versions=(),
-        match="",
-        output=tmp_path / "report",
-        reports_root=tmp_path,
-        features=FEATURES,
-        signing_key=tmp_path / "signing-key.pem",
-        server_name="e2b-compat reference server",
-        backend="crun",
-        jobs=3,  # also shows that cases run side by side do not disturb one another
-    )
-    assert main_run(options) == 0, (tmp_path / "report" / "report.md").read_text()
-    report = tmp_path / "report" / "report.json"
+def test_a_full_run_is_signed_and_passes_the_gate(default_run: CaseRun, tmp_path: Path) -> None:
+    assert default_run.status == 0, default_run.report.with_name("report.md").read_text()
+    report = default_run.report
     checked = verify(report)
     assert checked.valid, checked.problem
     assert verify(report, trusted_fingerprint=checked.fingerprint).trusted
-    data = bytearray(report.read_bytes())
+    changed = tmp_path / "report.json"  # a copy beside copies of its signature: the run's own stays as signed
+    for path in (report, *signature_paths(report)):
+        shutil.copy(path, tmp_path / path.name)
+    data = bytearray(changed.read_bytes())
     data[len(data) // 2] ^= 0x20
-    report.write_bytes(bytes(data))
-    assert not verify(report).valid, "one changed byte must break the signature"
+    changed.write_bytes(bytes(data))
+    assert not verify(changed).valid, "one changed byte must break the signature"
 
 
 def test_a_create_answered_200_fails_the_cases_and_the_gate(

@@ -16,18 +16,18 @@ from conformance._cases import Case, cases
 from conformance._clients import NodeClients, PythonClients
 from conformance._scenarios import SCENARIOS, ScenarioRunner
 
-from .conftest import LiveServer
+from .conftest import LiveServer, check_case
 
 pytestmark = [pytest.mark.artifacts]
 
 
 @pytest.fixture(scope="module")
-def interpreter(live_server: LiveServer, python_clients: PythonClients, node_clients: NodeClients) -> ScenarioRunner:
-    """Interpreter scenarios (``scenarios/interpreter``) per client flavour, through the live server."""
+def interpreter(backend_server: LiveServer, python_clients: PythonClients, node_clients: NodeClients) -> ScenarioRunner:
+    """Interpreter scenarios (``scenarios/interpreter``) per client flavour, through the live server of each backend."""
     return ScenarioRunner(
         python_clients,
         node_clients,
-        env=live_server.clients_env(),
+        env=backend_server.clients_env(),
         workdir=lambda name: "/home/user",
         scripts=SCENARIOS / "interpreter",
     )
@@ -37,8 +37,10 @@ def interpreter(live_server: LiveServer, python_clients: PythonClients, node_cli
     ("flavour", "case"),
     [pytest.param(f, case, id=f"{f}:{case.name}") for case in cases("interpreter") for f in case.flavours],
 )
-def test_interpreter_scenario(interpreter: ScenarioRunner, flavour: str, case: Case) -> None:
-    case.check(interpreter(flavour, case.scenario), interpreter.work(flavour, case.scenario))
+def test_interpreter_scenario(
+    request: pytest.FixtureRequest, interpreter: ScenarioRunner, flavour: str, case: Case
+) -> None:
+    check_case(request, interpreter, flavour, case)
 
 
 def test_the_edge_requires_the_traffic_token_on_the_interpreter_port(interpreter: ScenarioRunner) -> None:

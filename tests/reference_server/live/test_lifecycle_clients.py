@@ -11,6 +11,8 @@ import pytest
 from conformance._cases import Case, cases
 from conformance._scenarios import ScenarioRunner
 
+from .conftest import check_case
+
 pytestmark = [pytest.mark.artifacts]
 
 
@@ -18,5 +20,7 @@ pytestmark = [pytest.mark.artifacts]
     ("flavour", "case"),
     [pytest.param(f, case, id=f"{f}:{case.name}") for case in cases("sandbox") for f in case.flavours],
 )
-def test_lifecycle_scenario(lifecycle: ScenarioRunner, flavour: str, case: Case) -> None:
-    case.check(lifecycle(flavour, case.scenario), lifecycle.work(flavour, case.scenario))
+def test_lifecycle_scenario(
+    request: pytest.FixtureRequest, lifecycle: ScenarioRunner, flavour: str, case: Case
+) -> None:
+    check_case(request, lifecycle, flavour, case)

@@ -46,6 +46,13 @@ def _server(name: str) -> Iterator[ManagedServer]:
         yield server
 
 
+def _log_tail(server: ManagedServer) -> str:
+    """The server log's error lines and what follows them (a traceback), at most a few thousand bytes."""
+    lines = server.log.read_text(errors="replace").splitlines()
+    marked = [i for i, line in enumerate(lines) if "ERROR" in line or "Traceback" in line]
+    return "\n".join(lines[marked[0] : marked[0] + 60] if marked else lines[-20:])[-4000:]
+
+
 def _runner(server: ManagedServer, python_clients: PythonClients, node_clients: NodeClients) -> ScenarioRunner:
     assert server.second_api_key is not None
     env = server.clients_env(SECOND_API_KEY=server.second_api_key)
@@ -55,6 +62,7 @@ def _runner(server: ManagedServer, python_clients: PythonClients, node_clients: 
 def test_two_servers_at_once_keep_their_tenants_apart(python_clients: PythonClients, node_clients: NodeClients) -> None:
     results: dict[str, Any] = {}
     errors: list[Exception] = []
+    logs: dict[str, str] = {}
 
     def burst(label: str, runner: ScenarioRunner) -> None:
         try:
@@ -80,7 +88,9 @@ def test_two_servers_at_once_keep_their_tenants_apart(python_clients: PythonClie
                 first.start()
                 with _server("server-b") as b:  # starts (and reconciles) while A's burst runs
                     burst("b", _runner(b, python_clients, node_clients))
-                first.join()
+                    first.join()
+                    if errors:  # what the servers said about it, before their logs go
+                        logs = {label: _log_tail(server) for label, server in (("A", a), ("B", b))}
                 keeper.stdin.write("\n")
                 rest, _ = keeper.communicate(timeout=60)
                 assert keeper.returncode == 0, (
@@ -90,7 +100,7 @@ def test_two_servers_at_once_keep_their_tenants_apart(python_clients: PythonClie
             finally:
                 if keeper.poll() is None:
                     keeper.kill()
-    assert not errors, errors
+    assert not errors, (errors, logs)
     for label in ("a", "b"):
         CASE.check(results[label], "/home/user")
     ids_a = {s["id"] for s in results["a"]["sandboxes"]}

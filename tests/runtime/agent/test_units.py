@@ -8,10 +8,12 @@ import shutil
 import signal
 import stat
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
 
+from runtime.agent import _credentials
 from runtime.agent._credentials import run_as
 from runtime.agent._errors import AgentError, ErrorKind
 from runtime.agent._files import _content_disposition, choose_encoding, parse_metadata, signature
@@ -212,6 +214,34 @@ def test_run_as_switches_and_restores_credentials() -> None:
         with pytest.raises(PermissionError):
             run_as(nobody, lambda: Path("/root/.agent-test-denied").write_text("x"))
         (folder / "root-made").write_text("x")  # back to our own credentials
+        assert (folder / "root-made").stat().st_uid == 0
+    finally:
+        shutil.rmtree(folder)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to take another user's credentials")
+def test_run_as_works_without_setfsuid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gVisor's kernel has no setfsuid: the worker thread's effective ids switch instead, and back."""
+    monkeypatch.setattr(_credentials, "_HAS_FSUID", False)
+    folder = Path(tempfile.mkdtemp(prefix="agent-cred-"))
+    try:
+        folder.chmod(0o777)
+        nobody = UserDatabase().lookup("nobody")
+        seen: list[int] = []
+
+        def work() -> None:
+            run_as(nobody, lambda: (folder / "made").write_text("x"))
+            seen.append(os.geteuid())  # this thread is root again
+
+        worker = threading.Thread(target=work)
+        worker.start()
+        worker.join()
+        assert (folder / "made").stat().st_uid == nobody.uid
+        assert seen == [0]
+        assert os.geteuid() == 0, "other threads never changed"
+        with pytest.raises(PermissionError):
+            run_as(nobody, lambda: Path("/root/.agent-test-denied").write_text("x"))
+        (folder / "root-made").write_text("x")
         assert (folder / "root-made").stat().st_uid == 0
     finally:
         shutil.rmtree(folder)

@@ -38,15 +38,15 @@ def _with_app(tmp_path: Path, scenario: Callable[[httpx.AsyncClient], Awaitable[
 
 
 def test_creating_more_contexts_than_the_cap_is_429(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_contexts, "MAX_CONTEXTS", 1)  # the default python context fills it
+    monkeypatch.setattr(_contexts, "MAX_CONTEXTS", 2)  # the default python and javascript contexts fill it
 
     async def scenario(client: httpx.AsyncClient) -> None:
         response = await client.post("/contexts", json={"language": "python"})
         assert response.status_code == 429
-        assert response.text == "Too many contexts: at most 1 can exist at once; remove one first"
+        assert response.text == "Too many contexts: at most 2 can exist at once; remove one first"
         first_bash_run = await client.post("/execute", json={"code": "echo", "language": "bash"})
         assert first_bash_run.status_code == 429, "a language's default context counts too"
-        assert len((await client.get("/contexts")).json()) == 1
+        assert len((await client.get("/contexts")).json()) == 2
 
     _with_app(tmp_path, scenario)
 

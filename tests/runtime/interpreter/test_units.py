@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import shutil
 import subprocess
 import sys
 import types
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,11 +45,14 @@ def test_normalize_language(given: str | None, expected: str) -> None:
 
 
 def test_supported_languages() -> None:
-    assert _languages.SUPPORTED_LANGUAGES == ("python", "bash")
-    for language in ("javascript", "typescript", "r", "java", "deno", ""):
+    assert _languages.SUPPORTED_LANGUAGES == ("python", "javascript", "typescript", "r", "java", "bash")
+    assert _languages.kind_of("typescript") == _languages.kind_of("javascript") == "deno"
+    assert _languages.STARTUP_LANGUAGES == ("python", "javascript")
+    for language in ("deno", "cobol", ""):
         assert not _languages.is_supported(language)
-    assert _languages.unsupported_message("r") == (
-        "Failed to create context: the 'r' language is not supported by this template (supported: python, bash)"
+    assert _languages.unsupported_message("cobol") == (
+        "Failed to create context: the 'cobol' language is not supported by this template "
+        "(supported: python, javascript, typescript, r, java, bash)"
     )
 
 
@@ -55,6 +60,9 @@ def test_supported_languages() -> None:
 SPLITS = [
     ("python", {"A": "1", "lower.dots-ok": "2", "A=B": "3", "": "4", "NUL": "a\x00b"}, ["A", "lower.dots-ok"]),
     ("bash", {"A_1": "1", "_x": "2", "1A": "3", "A-B": "4", "A.B": "5", "ok": "x\ny"}, ["A_1", "_x", "ok"]),
+    ("javascript", {"A": "1", "lower.dots-ok": "2", "A=B": "3", "": "4"}, ["A", "lower.dots-ok"]),
+    ("r", {"A B": "1", "A=B": "3", "NUL": "a\x00b"}, ["A B"]),
+    ("java", {"a.b": "1", "": "2"}, ["a.b"]),
 ]
 
 
@@ -105,6 +113,56 @@ def test_bash_statements_round_trip() -> None:
     assert _run_bash(code, list(env)) == env
     restore = _languages.restore_code("bash", ["V0", "V1", "V2"], {"V0": "global"}, {"V1": "launch"})
     assert _run_bash(f"{code}; {restore}", ["V0", "V1", "V2"]) == {"V0": "global", "V1": "launch", "V2": None}
+
+
+def _run_node(code: str, names: list[str], environ: dict[str, str]) -> dict[str, str | None]:
+    """``code`` run by node against a stand-in for Deno.env holding ``environ``; what ``names`` hold after."""
+    shim = (
+        f"const store = new Map(Object.entries({json.dumps(environ)}));"
+        "globalThis.Deno = { env: { set: (k, v) => store.set(k, v), delete: (k) => store.delete(k) } };"
+    )
+    probe = f"process.stdout.write(JSON.stringify({json.dumps(names)}.map((n) => store.get(n) ?? null)))"
+    out = subprocess.run(["node", "-e", f"{shim}\n{code}\n{probe}"], capture_output=True, check=True).stdout
+    return dict(zip(names, json.loads(out), strict=True))
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed (the machine's Node 20)")
+def test_deno_statements_round_trip() -> None:
+    env = {f"V{index}": value for index, value in enumerate(TRICKY)} | {"odd.name-1": "x"}
+    assert _run_node(_languages.set_code("typescript", env), list(env), {}) == env
+    restore = _languages.restore_code("javascript", ["V0", "V1", "V2"], {"V0": "global"}, {"V1": "launch"})
+    after = _run_node(restore, ["V0", "V1", "V2"], {"V0": "run", "V1": "run", "V2": "run"})
+    assert after == {"V0": "global", "V1": "launch", "V2": None}
+
+
+JSHELL = shutil.which("jshell")
+
+
+@pytest.mark.skipif(JSHELL is None, reason="no JDK here (jshell); code-interpreter-v1 has its own")
+def test_java_statements_round_trip(tmp_path: Path) -> None:
+    env = {f"V{index}": value for index, value in enumerate(TRICKY)} | {"V_REMOVED": "x"}
+    statements = _languages.set_code("java", env) + "\n" + _languages.restore_code("java", ["V_REMOVED"], {}, {})
+    probe = "".join(
+        f'System.out.print(java.util.Objects.requireNonNullElse(System.getenv("{name}"), "<unset>") + "\\0");'
+        for name in env
+    )
+    script = tmp_path / "env.jsh"
+    script.write_text(f"{statements}\n{probe}\n/exit\n", encoding="utf-8")
+    opens = ["-J--add-opens=java.base/java.util=ALL-UNNAMED", "-R--add-opens=java.base/java.util=ALL-UNNAMED"]
+    done = subprocess.run(
+        [str(JSHELL), "-q", "--execution", "local", *opens, str(script)], capture_output=True, timeout=120, check=True
+    )
+    values = done.stdout.decode("utf-8").split("\0")[:-1]
+    assert dict(zip(env, values, strict=True)) == {**env, "V_REMOVED": "<unset>"}
+    assert "e2b" not in done.stderr.decode(), done.stderr
+
+
+def test_r_string_literals() -> None:
+    # R is not on the host: the literal's form, which R reads back as the same characters.
+    assert _languages._r_string('a"b\\c') == '"a\\"b\\\\c"'
+    assert _languages._r_string("x\ny\x7f€😀") == '"x\\u{000a}y\\u{007f}\\u{20ac}\\U{0001f600}"'
+    assert _languages.set_code("r", {"A B": "v"}) == 'invisible(do.call(Sys.setenv, as.list(c("A B" = "v"))))'
+    assert _languages.restore_code("r", ["A"], {}, {}) == 'invisible(Sys.unsetenv("A"))'
 
 
 def test_no_statements_for_nothing() -> None:
@@ -298,8 +356,13 @@ def test_kernel_command_lines() -> None:
     assert f"--IPKernelApp.exec_files={STARTUP_FILE}" in python
     assert STARTUP_FILE.is_file()
     assert kernel_argv("bash", "/k/bin/python") == ["/k/bin/python", "-m", "bash_kernel", "-f", "{connection_file}"]
+    assert kernel_argv("deno", "/k/bin/python") == ["/k/bin/deno", "jupyter", "--kernel", "--conn", "{connection_file}"]
+    java = kernel_argv("java", "/k/bin/python")
+    assert java[-3:] == ["-jar", "/k/share/jupyter/kernels/java/jjava.jar", "{connection_file}"]
+    assert "java.base/java.util=ALL-UNNAMED" in java, "the environment statements reach System.getenv's map"
+    assert kernel_argv("r", "/k/bin/python")[-3:] == ["IRkernel::main()", "--args", "{connection_file}"]
     with pytest.raises(ValueError, match="javascript"):
-        kernel_argv("javascript", "/k/bin/python")
+        kernel_argv("javascript", "/k/bin/python")  # a language, not a kind
 
 
 def test_unreachable_envd_is_not_an_error() -> None:

@@ -27,6 +27,7 @@ from runtime.templates import (
     _commands,
     _kernels,
     _keys,
+    _packages,
     ensure_template,
     prune_templates,
 )
@@ -76,11 +77,12 @@ def test_a_machine_without_a_lock_is_told_how_to_make_one(tmp_path: Path) -> Non
         _kernels.read_lock(tmp_path / "kernels.cp399-sparc.lock")
 
 
-def test_the_keys_follow_the_layers_below_and_the_lock() -> None:
-    kernels = _keys.recipe_key(_keys.kernels_recipe("o" * 64, b"lock"))
-    assert kernels == _keys.recipe_key(_keys.kernels_recipe("o" * 64, b"lock"))
-    assert kernels != _keys.recipe_key(_keys.kernels_recipe("p" * 64, b"lock"))
-    assert kernels != _keys.recipe_key(_keys.kernels_recipe("o" * 64, b"lock2"))
+def test_the_keys_follow_the_layers_below_and_the_locks() -> None:
+    kernels = _keys.recipe_key(_keys.kernels_recipe("o" * 64, b"lock", b"debs"))
+    assert kernels == _keys.recipe_key(_keys.kernels_recipe("o" * 64, b"lock", b"debs"))
+    assert kernels != _keys.recipe_key(_keys.kernels_recipe("p" * 64, b"lock", b"debs"))
+    assert kernels != _keys.recipe_key(_keys.kernels_recipe("o" * 64, b"lock2", b"debs"))
+    assert kernels != _keys.recipe_key(_keys.kernels_recipe("o" * 64, b"lock", b"debs2"))
     key = _keys.recipe_key(_keys.interpreter_recipe("a" * 64, kernels))
     assert key == _keys.recipe_key(_keys.interpreter_recipe("a" * 64, kernels))
     assert key != _keys.recipe_key(_keys.interpreter_recipe("b" * 64, kernels))
@@ -142,13 +144,19 @@ def test_metadata_names_its_base_and_the_interpreter_command(interpreter_templat
     assert interpreter_template.agent_command == _keys.INTERPRETER_AGENT_COMMAND
     base = ensure_template("base", progress=PlainProgress())
     assert meta["recipe"]["base_key"] == base.key
-    kernels_key = _keys.recipe_key(_keys.kernels_recipe(meta_of(base)["recipe"]["os_key"], _kernels.read_lock()))
+    packages = _packages.read_lock(_packages.lock_path(_keys.SUITE, _keys.debian_arch()))
+    os_key = meta_of(base)["recipe"]["os_key"]
+    kernels_key = _keys.recipe_key(_keys.kernels_recipe(os_key, _kernels.read_lock(), packages))
     assert meta["recipe"]["kernels_key"] == kernels_key
     assert meta["from"] == [base.path.name, f"kernels-{kernels_key[:16]}"]
-    # The kernels layer holds only what it adds to the os layer, and says which wheels.
+    # The kernels layer holds only what it adds to the os layer, and says which wheels and packages.
     kernels = base.path.parent / f"kernels-{kernels_key[:16]}"
-    assert sorted(p.name for p in (kernels / "rootfs").iterdir()) == ["home", "opt"]
-    assert any(name.startswith("ipykernel-") for name in meta_of_path(kernels)["kernel_wheels"])
+    assert not (kernels / "rootfs/opt/e2b-compat/venv").exists(), "the agent is base's, not the kernels layer's"
+    assert list((kernels / "rootfs/tmp").iterdir()) == [], "nothing of the build is left in /tmp"
+    kernels_meta = meta_of_path(kernels)
+    assert any(name.startswith("ipykernel-") for name in kernels_meta["kernel_wheels"])
+    assert kernels_meta["debian_packages"] == sorted(_packages.parse_lock(packages))
+    assert {"r-base-core", "r-cran-irkernel", "openjdk-17-jdk-headless"} <= set(kernels_meta["debian_packages"])
 
 
 def meta_of(template: Template) -> dict[str, Any]:
@@ -176,6 +184,21 @@ def test_the_kernels_import_as_the_sandbox_user(interpreter_template: Template) 
     # The font cache was made at build time, so a sandbox's first plot does not make it.
     assert list((rootfs / "home/user/.cache/matplotlib").glob("fontlist-*.json"))
     assert not (rootfs / "tmp/e2b-compat-wheelhouse").exists()
+
+
+@pytest.mark.artifacts
+def test_every_language_runs_as_the_sandbox_user(interpreter_template: Template) -> None:
+    rootfs = interpreter_template.rootfs
+    with _packages.proc_mounted(rootfs):  # java finds its libraries through /proc/self/exe
+        deno = _as_user(rootfs, "/opt/e2b-compat/kernel/bin/deno", "eval", "console.log(6 * 7)")
+        r = _as_user(rootfs, "Rscript", "-e", "library(IRkernel); cat(6 * 7)")
+        jshell = _as_user(rootfs, "jshell", "--version")
+    assert (deno.returncode, deno.stdout) == (0, "42\n"), deno.stderr
+    assert (r.returncode, r.stdout) == (0, "42"), r.stderr
+    assert jshell.returncode == 0, jshell.stderr
+    assert (rootfs / "opt/e2b-compat/kernel/share/jupyter/kernels/java/jjava.jar").is_file()
+    assert (rootfs / "etc/resolv.conf").read_bytes() == b"", "the build's resolver is not left behind"
+    assert not list((rootfs / "var/lib/apt/lists").glob("*_Packages")), "nor its package lists"
 
 
 @pytest.mark.artifacts

@@ -1,0 +1,119 @@
+"""Runs inside the pinned Python client's environment against a reference server on one backend.
+
+``python -I backends_client.py <sandboxes> <iterations> <idle> <pauses>`` prints JSON lines:
+
+- ``{"phase": "idle-before"}`` and ``{"phase": "idle-up"}`` around starting ``<idle>`` sandboxes,
+  each time waiting for a line on stdin (the parent measures the host's memory meanwhile);
+- last, ``{"result": {...}}``: samples in seconds of create → first ``commands.run("true")``
+  (``<sandboxes>`` sandboxes one after another), warm ``commands.run("true")``, memory pause →
+  resume (``pause()`` then ``connect()`` and a command), and the floors: a bare process spawn and
+  a loopback HTTP round trip with the client's own httpx. A pause the backend refuses is recorded
+  as its error text, not retried. Every sandbox is killed before the script ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from e2b import Sandbox
+
+# -I leaves the checkout out of sys.path; the floor server is the one client_roundtrip.py uses.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.client_roundtrip import _floor_server
+
+
+def _emit(document: dict[str, Any]) -> None:
+    print(json.dumps(document), flush=True)
+
+
+def _timed(fn: Callable[[], object], count: int) -> list[float]:
+    samples = []
+    for _ in range(count):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def _create_to_first_run(count: int) -> dict[str, list[float]]:
+    create, first_run, total = [], [], []
+    for _ in range(count):
+        start = time.perf_counter()
+        sbx = Sandbox.create()
+        try:
+            created = time.perf_counter()
+            sbx.commands.run("true")
+            ran = time.perf_counter()
+        finally:
+            sbx.kill()
+        create.append(created - start)
+        first_run.append(ran - created)
+        total.append(ran - start)
+    return {"create": create, "first_run": first_run, "create_to_first_run": total}
+
+
+def _pause_resume(sbx: Sandbox, count: int) -> dict[str, Any]:
+    pause, resume, total = [], [], []
+    for _ in range(count):
+        start = time.perf_counter()
+        try:
+            sbx.pause()
+        except Exception as exc:  # noqa: BLE001 - a backend without memory pause refuses it: recorded
+            return {"pause_error": f"{type(exc).__name__}: {exc}"[:300]}
+        paused = time.perf_counter()
+        again = Sandbox.connect(sbx.sandbox_id)
+        again.commands.run("true")
+        resumed = time.perf_counter()
+        pause.append(paused - start)
+        resume.append(resumed - paused)
+        total.append(resumed - start)
+    return {"pause": pause, "resume_to_first_run": resume, "pause_resume": total}
+
+
+def _idle(count: int) -> None:
+    _emit({"phase": "idle-before"})
+    sys.stdin.readline()
+    made = []
+    try:
+        for _ in range(count):
+            made.append(Sandbox.create())
+        for sbx in made:
+            sbx.commands.run("true")  # each agent has answered once: what an idle, used sandbox holds
+        time.sleep(3)
+        _emit({"phase": "idle-up", "count": len(made)})
+        sys.stdin.readline()
+    finally:
+        for sbx in made:
+            sbx.kill()
+
+
+def main() -> None:
+    sandboxes, iterations, idle, pauses = (int(arg) for arg in sys.argv[1:5])
+    port = _floor_server()
+    raw = httpx.Client()
+    raw.get(f"http://127.0.0.1:{port}/")
+    result: dict[str, Any] = {
+        "floor_process_spawn": _timed(lambda: subprocess.run(["/bin/true"], check=True), iterations),
+        "floor_http_round_trip": _timed(lambda: raw.get(f"http://127.0.0.1:{port}/"), iterations),
+    }
+    result |= _create_to_first_run(sandboxes)
+    sbx = Sandbox.create()
+    try:
+        sbx.commands.run("true")  # warm the connection
+        result["warm_commands_run_true"] = _timed(lambda: sbx.commands.run("true"), iterations)
+        result |= _pause_resume(sbx, pauses)
+    finally:
+        sbx.kill()
+    _idle(idle)
+    _emit({"result": result})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""Which live cases the harness's known failures mark as expected to fail (no server needed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import pytest
+
+from conformance._cases import Case, cases
+from conformance._gate import KnownFailure, load_known_failures
+
+from ._known_failures import known_failure, mark_known_failures
+
+PTY = "envd/pty/session"
+ENTRIES = (
+    KnownFailure(PTY, "py-sync", "runsc answers differently", backend="gvisor"),
+    KnownFailure("envd/files/metadata", "js", "every backend"),
+    KnownFailure("envd/files/metadata", "js", "docker's own reason", backend="docker"),
+)
+
+
+def test_an_entry_for_another_backend_does_not_apply() -> None:
+    assert known_failure(ENTRIES, "gvisor", PTY, "py-sync") == ENTRIES[0]
+    assert known_failure(ENTRIES, "crun", PTY, "py-sync") is None
+    assert known_failure(ENTRIES, "docker", PTY, "py-sync") is None
+    assert known_failure(ENTRIES, "gvisor", PTY, "js") is None, "nor one for another flavour"
+
+
+def test_an_entry_for_every_backend_applies_unless_the_backend_has_its_own() -> None:
+    assert known_failure(ENTRIES, "crun", "envd/files/metadata", "js") == ENTRIES[1]
+    assert known_failure(ENTRIES, "docker", "envd/files/metadata", "js") == ENTRIES[2]
+
+
+@dataclass
+class _CallSpec:
+    params: dict[str, Any]
+
+
+@dataclass
+class _Item:
+    callspec: _CallSpec
+    markers: list[pytest.MarkDecorator] = field(default_factory=list)
+
+    def add_marker(self, marker: pytest.MarkDecorator) -> None:
+        self.markers.append(marker)
+
+
+def _case(name: str) -> Case:
+    return next(case for family in ("envd", "sandbox", "interpreter") for case in cases(family) if case.name == name)
+
+
+def test_only_the_listed_backend_s_case_is_a_strict_xfail() -> None:
+    pty = _case(PTY)
+    items = [
+        _Item(_CallSpec({"backend_server": backend, "flavour": "py-sync", "case": pty}))
+        for backend in ("crun", "gvisor", "docker")
+    ]
+    items.append(_Item(_CallSpec({"flavour": "py-sync", "case": pty})))  # not a live case: no backend
+    assert mark_known_failures(cast(list[pytest.Item], items), ENTRIES) == 1
+    assert [len(item.markers) for item in items] == [0, 1, 0, 0]
+    (mark,) = items[1].markers
+    assert mark.name == "xfail"
+    assert mark.kwargs["strict"] is True
+    assert "gvisor" in mark.kwargs["reason"]
+    assert "runsc answers differently" in mark.kwargs["reason"]
+
+
+def test_every_listed_case_is_one_the_live_tests_run() -> None:
+    """An entry naming no case of these families would mark nothing here (the harness calls it stale)."""
+    names = {case.name: case.flavours for family in ("envd", "sandbox", "interpreter") for case in cases(family)}
+    for entry in load_known_failures():
+        assert entry.flavour in names.get(entry.case, ()), f"{entry.case} ({entry.flavour}) is not a live case"

@@ -1,0 +1,92 @@
+"""The end of a PTY's output: on Linux (EIO on the master) and on a kernel that never says so (gVisor's).
+
+gVisor's master stays empty after the last holder of the terminal closed it: no EIO, no POLLHUP. The
+tests below make Linux behave so by turning the master's EIO into "nothing to read yet", and check
+that the session still ends, but only once nothing holds the terminal any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import time
+from collections.abc import Callable
+
+import pytest
+
+from runtime.agent import _processes
+from runtime.agent._processes import Event, Exit, Output, ProcessTable, Spec
+from runtime.agent._users import User
+
+ME = User("me", os.getuid(), os.getgid(), "/tmp", (os.getgid(),))
+
+
+def pty_spec(command: str) -> Spec:
+    return Spec("/bin/sh", ("-c", command), dict(os.environ), "/tmp", ME, False, (80, 24), None, None)
+
+
+async def session(command: str, limit_s: float = 10.0) -> tuple[bytes, Exit, float]:
+    """Output and end of a PTY process, and how long it took."""
+    began = time.monotonic()
+    _, queue = await ProcessTable().start(pty_spec(command), None)
+    output = b""
+    while True:
+        event: Event = await asyncio.wait_for(queue.get(), limit_s)
+        if isinstance(event, Output):
+            output += event.data
+        else:
+            return output, event, time.monotonic() - began
+
+
+@pytest.fixture
+def quiet_master(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The master as gVisor's kernel keeps it: a hang-up reads as an empty terminal, never EIO."""
+    real_read: Callable[[int, int], bytes] = os.read
+
+    def read(fd: int, size: int) -> bytes:
+        try:
+            return real_read(fd, size)
+        except OSError as exc:
+            if exc.errno == errno.EIO:
+                raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable") from None
+            raise
+
+    monkeypatch.setattr(os, "read", read)  # os.read everywhere: the agent reads its master with it
+
+
+def test_a_pty_session_ends_with_its_process_on_linux() -> None:
+    output, end, _ = asyncio.run(session("echo linux-end; exit 3"))
+    assert b"linux-end" in output
+    assert (end.exit_code, end.exited) == (3, True)
+
+
+@pytest.mark.usefixtures("quiet_master")
+def test_a_pty_session_ends_when_the_kernel_never_reports_the_hang_up() -> None:
+    output, end, took = asyncio.run(session("echo gvisor-end; exit 3"))
+    assert b"gvisor-end" in output, "what the process wrote before it ended is still delivered"
+    assert (end.exit_code, end.exited) == (3, True)
+    assert took < 5
+
+
+@pytest.mark.usefixtures("quiet_master")
+def test_without_the_hang_up_a_background_holder_still_keeps_the_output_open() -> None:
+    # As on Linux: the shell is gone, but a job it left holds the terminal and writes later.
+    output, end, took = asyncio.run(session("trap '' HUP; (sleep 1; echo late-line) & exit 0"))
+    assert b"late-line" in output
+    assert end.exit_code == 0
+    assert took >= 1
+
+
+def test_nobody_holds_a_terminal_that_no_process_has_open() -> None:
+    master, slave = os.openpty()
+    name = os.ttyname(slave)
+    try:
+        assert _processes._terminal_held(name), "this process has it open"
+        os.close(slave)
+        slave = -1
+        assert not _processes._terminal_held(name)
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
