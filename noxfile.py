@@ -49,7 +49,8 @@ def tests(session: nox.Session) -> None:
     session.install("-e", ".[contract,dev]")
     if os.geteuid() == 0:  # every backend's sandboxes need host packages (and crun a cgroup fix); say what is done
         session.run("e2b-compat", "host", "prepare", "--backend", "all")
-    session.run("pytest", *session.posargs)
+    # The slowest tests in the closing summary: CI's time budget is spent where this says.
+    session.run("pytest", "--durations=40", *session.posargs)
 
 
 @nox.session(python=PYTHON)
