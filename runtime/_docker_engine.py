@@ -11,7 +11,7 @@ configuration: it starts a ``dockerd`` of its own, with every path of its own::
     /run/e2b-compat/docker-exec/     its exec root (and that of the containerd it starts)
 
 Disk and ids (``runtime._docker_pool``): the data root is on a btrfs pool of bounded size, so no
-sandbox can fill the host filesystem, and each container has a btrfs qgroup limit
+sandbox can fill the host filesystem, and each container has a btrfs qgroup limit (simple quotas)
 (``--storage-driver=btrfs``; overlay2's ``size`` option needs XFS project quotas, which this
 kernel lacks: ``CONFIG_XFS_QUOTA`` unset). The daemon remaps ids (``--userns-remap``) onto one
 range of the host-wide id registry, so a sandbox's root is an unprivileged host uid (shared by

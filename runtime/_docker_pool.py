@@ -10,9 +10,11 @@ loop-mounted by the engine's preparation (``ensure_pool``; re-mounted after a ho
 So the host filesystem never holds more of the daemon's data than the pool's size, whatever the
 sandboxes write; the pool's size is fixed when it is made: ``$E2B_COMPAT_DOCKER_POOL_GB`` (a
 larger value later grows it), by default half the host's free space, at most 64 GiB and at least
-4 GiB. ``discard=async`` gives deleted blocks back to the host. Each container gets a btrfs
-qgroup limit on its subvolume: Docker's ``size`` storage option (kept by Docker and applied
-again at each start), set to what the image's layer references as btrfs counts it plus the
+4 GiB. ``discard=async`` gives deleted blocks back to the host. The pool counts with btrfs
+*simple* quotas (``ensure_simple_quotas``, Linux 6.7 or later): an extent counts for the
+subvolume that wrote it, so a container's subvolume, a snapshot of its image's layer, starts
+at zero and counts only the sandbox's own writes. Each container gets a qgroup limit on it:
+Docker's ``size`` storage option (kept by Docker and applied again at each start), set to the
 sandbox's disk size, so ``disk_mb`` is the room for the sandbox's own writes, as crun's
 writable layer. A write past it fails inside with **EDQUOT** ("Disk quota
 exceeded", where an ext4 disk says "No space left on device"); the agent answers an upload that
@@ -34,9 +36,11 @@ registry and written as the one ``/etc/subuid`` and ``/etc/subgid`` entry of the
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pwd
 import shutil
+import struct
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -53,7 +57,9 @@ __all__ = [
     "Usage",
     "ensure_pool",
     "ensure_remap_range",
+    "ensure_simple_quotas",
     "pool_bytes",
+    "quota_mode",
     "remap_entries",
     "subvolume_id",
     "usage",
@@ -112,9 +118,51 @@ def ensure_pool(image: Path, mount_point: Path, say: Callable[[str], None]) -> N
         device = _hostfs.run("findmnt", "-n", "-o", "SOURCE", str(mount_point)).stdout.strip()
         _hostfs.run("losetup", "-c", device)
         _hostfs.run("btrfs", "filesystem", "resize", "max", str(mount_point))
-    # Docker's btrfs driver turns quotas on with the first size option; before that, qgroups are not counted.
-    if not Path(f"/sys/fs/btrfs/{fs_uuid(mount_point)}/qgroups").is_dir():
-        _hostfs.run("btrfs", "quota", "enable", str(mount_point))
+    ensure_simple_quotas(mount_point, say)
+
+
+# BTRFS_IOC_QUOTA_CTL is _IOWR(0x94, 40, struct btrfs_ioctl_quota_ctl_args { u64 cmd; u64 status; });
+# command 4 turns on simple quotas (Linux 6.7): btrfs-progs before 6.7 has no option for it.
+_IOC_QUOTA_CTL = 0xC0109428
+_QUOTA_CTL_ENABLE_SIMPLE = 4
+
+
+def quota_mode(mount_point: Path) -> str:
+    """``squota``, ``qgroup`` (full accounting) or ``disabled``, as the kernel reports the pool's quotas."""
+    folder = Path(f"/sys/fs/btrfs/{fs_uuid(mount_point)}/qgroups")
+    if not folder.is_dir():
+        return "disabled"
+    try:
+        return (folder / "mode").read_text().strip()
+    except FileNotFoundError:  # a kernel before simple quotas: only full accounting
+        return "qgroup"
+
+
+def ensure_simple_quotas(mount_point: Path, say: Callable[[str], None]) -> None:
+    """The pool counts with simple quotas; a pool on full qgroups is switched (Docker sets limits again).
+
+    Full accounting made the pool slower with every sandbox: dropping a removed container's
+    subvolume walks its shared extents, and with a few hundred removals behind it a burst of
+    32 creates waited past the clients' 60 s request timeout (all of them; measured here).
+    Simple quotas count an extent for the subvolume that wrote it, so a container counts only
+    its own writes from zero, and a drop costs what it frees. Docker sees quotas on and keeps
+    setting its limits; the limits of existing containers come back at their next start.
+    """
+    mode = quota_mode(mount_point)
+    if mode == "squota":
+        return
+    if mode != "disabled":
+        say(f"switching the docker pool {mount_point} from full qgroups to simple quotas")
+        _hostfs.run("btrfs", "quota", "disable", str(mount_point))
+    fd = os.open(mount_point, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.ioctl(fd, _IOC_QUOTA_CTL, struct.pack("QQ", _QUOTA_CTL_ENABLE_SIMPLE, 0))
+    except OSError as exc:
+        raise HostNotReadyError(
+            f"the docker pool needs btrfs simple quotas (Linux 6.7 or later), and enabling them failed: {exc}"
+        ) from exc
+    finally:
+        os.close(fd)
 
 
 def fs_uuid(mount_point: Path) -> str:

@@ -8,27 +8,31 @@ engine more than a minute for 32 containers at once, past the clients' request t
 the sandboxes were long gone for their users.
 
 The reaper removes those containers one at a time on a thread of its own (the engine and btrfs
-serialise them anyway; one at a time leaves the engine free for creates), then the folder. The
+serialise them anyway; one at a time leaves the engine free for creates), then the folder. A
+removal waits while a create or boot is in flight (``yielding``), at most ``MAX_DEFER_S``: those
+are what a client is waiting for under its request timeout, a removal is only deferred work. The
 ``reaping/`` folder is the to-do list: a server that stops or crashes first leaves it to the next
 reconcile (``runtime._docker_reconcile``), which finishes it before anything else.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import docker.errors
 
-__all__ = ["REAPING", "Reaper"]
+__all__ = ["MAX_DEFER_S", "REAPING", "Reaper"]
 
 REAPING = "reaping"
+MAX_DEFER_S = 30.0  # so removals still progress under a steady stream of creates
 _RETRIES = 3
 _RETRY_PAUSE_S = 1.0  # times the attempt: 1 s, then 2 s
 
@@ -38,12 +42,21 @@ _log = logging.getLogger(__name__)
 class Reaper:
     """One worker thread removing the containers of folders under ``folder`` as they are handed in."""
 
-    def __init__(self, folder: Path, remove_container: Callable[[str], None], *, idle_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        remove_container: Callable[[str], None],
+        *,
+        idle_s: float = 5.0,
+        max_defer_s: float = MAX_DEFER_S,
+    ) -> None:
         self._folder = folder
         self._idle_s = idle_s  # how long the worker waits for more before it ends
+        self._max_defer_s = max_defer_s
         self._remove = remove_container
         self._queue: queue.Queue[str] = queue.Queue()
         self._busy = 0  # handed in and not finished (queued or being removed)
+        self._yielding_to = 0  # creates and boots in flight
         self._idle = threading.Condition()
         self._worker: threading.Thread | None = None
 
@@ -56,6 +69,18 @@ class Reaper:
                 self._worker = threading.Thread(target=self._work, name="docker-reaper", daemon=True)
                 self._worker.start()
             self._queue.put(name)  # under the lock: a worker about to stop sees it
+
+    @contextlib.contextmanager
+    def yielding(self) -> Iterator[None]:
+        """Around a create or a boot: the next removal waits until none is in flight (or ``max_defer_s``)."""
+        with self._idle:
+            self._yielding_to += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._yielding_to -= 1
+                self._idle.notify_all()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until everything handed in is finished (True) or ``timeout`` seconds passed (False)."""
@@ -90,6 +115,8 @@ class Reaper:
                         self._worker = None  # the next submit starts another
                         return
                 continue
+            with self._idle:
+                self._idle.wait_for(lambda: self._yielding_to == 0, self._max_defer_s)
             try:
                 for attempt in range(1, _RETRIES + 1):
                     if self.reap_now(name):

@@ -26,10 +26,11 @@ start + plug + health; kill marks the record releasing, ends the container's pro
 network and lease (retried) and hands the folder to the reaper (``runtime._docker_reaper``), which
 removes the container and its writable layer off the kill's path.
 
-Disk: each container's subvolume on the engine's btrfs pool has a qgroup limit of what its image
-holds plus the sandbox's disk size (``runtime._docker_pool``), so a sandbox's own writes stop at
-``disk_mb`` with EDQUOT ("Disk quota exceeded"; the agent answers an upload with 507, as for
-ENOSPC) and the host filesystem never holds more than the pool. ``metrics`` reads the qgroup.
+Disk: each container's subvolume on the engine's btrfs pool has a qgroup limit of the sandbox's
+disk size; the pool counts with simple quotas (``runtime._docker_pool``), where a container's
+qgroup holds only what it wrote itself, so a sandbox's own writes stop at ``disk_mb`` with
+EDQUOT ("Disk quota exceeded"; the agent answers an upload with 507, as for ENOSPC) and the
+host filesystem never holds more than the pool. ``metrics`` reads the qgroup.
 Visible differences: a shell's ``dd`` says "Disk quota exceeded", ``df`` shows the pool, and on a
 full disk btrfs refuses even a new file's metadata, so an upload's 507 may say "not enough inodes
 available: Disk quota exceeded" (the open failed) rather than "not enough disk space available".
@@ -131,7 +132,7 @@ class Record:
     container_id: str | None = None
     snapshot: str | None = None  # the snapshot it was created from
     releasing: bool = False
-    disk: dict[str, int] | None = None  # its qgroup: subvolume id, bytes of the image ("base"), disk "size"
+    disk: dict[str, int] | None = None  # its qgroup: subvolume id, bytes not its own ("base", 0), disk "size"
 
     @staticmethod
     def load(path: Path) -> Record:
@@ -169,7 +170,6 @@ class DockerBackend:
         self._templates: dict[str, Template] = {built.name: built for built in templates}
         self._locks: dict[str, asyncio.Lock] = {}
         self._reaper = Reaper(state_dir / REAPING, self._remove_container)
-        self._image_sizes: dict[str, int] = {}  # by the top layer's chain id: what btrfs counts for it
         with _reported(f"setting up the docker backend in {state_dir}"):
             for folder in ("sandboxes", "snapshots", REAPING):
                 (self._dir / folder).mkdir(parents=True, exist_ok=True)
@@ -188,6 +188,11 @@ class DockerBackend:
                 )
             self._docker_root = Path(info["DockerRootDir"])  # <data root>/<uid>.<gid> of the remapped root
             self._pool_uuid = _docker_pool.fs_uuid(self._docker_root)
+            if _docker_pool.quota_mode(self._docker_root) != "squota":  # the limits below count from zero
+                raise BackendError(
+                    "our Docker Engine's pool does not count with btrfs simple quotas: "
+                    "run `e2b-compat host prepare --backend docker`"
+                )
             self._seccomp = json.dumps(seccomp_profile(json.loads(self._engine.profile.read_text())))
             _network.ensure_host_firewall()
 
@@ -326,7 +331,8 @@ class DockerBackend:
                 )
                 self._save(record)
                 try:
-                    await asyncio.to_thread(self._provision, record)
+                    with self._reaper.yielding():  # removals wait: a client waits for this
+                        await asyncio.to_thread(self._provision, record)
                 except BaseException:
                     await asyncio.to_thread(self._release, record)
                     raise
@@ -349,7 +355,6 @@ class DockerBackend:
         limits = Limits(**record.spec["limits"])
         open_files = min(_oci.NOFILE_LIMIT, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
         disk = (limits.disk_mb or _disk.DEFAULT_MB) << 20
-        image_bytes = self._image_bytes(record.image)
         container = self._docker.containers.create(
             record.image,
             entrypoint=["/usr/bin/tini", "--", *record.spec["command"]],
@@ -384,36 +389,13 @@ class DockerBackend:
                 str(home / "resolv.conf"): {"bind": "/etc/resolv.conf", "mode": "ro"},
             },
             log_config=_LOG_CONFIG,
-            storage_opt={"size": str(image_bytes + disk)},  # the qgroup limit, applied again at each start
+            storage_opt={"size": str(disk)},  # the qgroup limit, applied again at each start
         )
         record.container_id = container.id
         self._save(record)
         number = _docker_pool.subvolume_id(self._subvolume(str(container.id)))
-        record.disk = {"subvolume": number, "base": image_bytes, "size": disk}
+        record.disk = {"subvolume": number, "base": 0, "size": disk}
         self._save(record)
-
-    def _image_bytes(self, image: str) -> int:
-        """What the image's top layer references as btrfs counts it (blocks, metadata: more than Docker's size).
-
-        A container's subvolume is a snapshot of it, so its limit is this plus the disk size.
-        """
-        attrs = self._docker.images.get(image).attrs
-        layers = attrs["RootFS"]["Layers"]
-        chain = layers[0]  # the layer store's chain id of the top layer (Docker's image spec)
-        for diff in layers[1:]:
-            chain = "sha256:" + hashlib.sha256(f"{chain} {diff}".encode()).hexdigest()
-        known = self._image_sizes.get(chain)
-        if known is not None:
-            return known
-        layer = self._docker_root / "image/btrfs/layerdb" / chain.replace(":", "/") / "cache-id"
-        subvolume = self._docker_root / "btrfs/subvolumes" / layer.read_text().strip()
-        # The qgroup counts at each commit: a layer imported moments ago may be counted in part only.
-        _hostfs.run("btrfs", "filesystem", "sync", str(subvolume))
-        referenced, _ = _docker_pool.usage(self._pool_uuid, _docker_pool.subvolume_id(subvolume))
-        if not referenced:
-            return int(attrs["Size"])
-        self._image_sizes[chain] = referenced
-        return referenced
 
     def _subvolume(self, container_id: str) -> Path:
         """The btrfs subvolume holding a container's root filesystem (its read-write layer)."""
@@ -433,6 +415,10 @@ class DockerBackend:
             return self._info(record)
 
     async def _boot(self, record: Record) -> None:
+        with self._reaper.yielding():
+            await self._boot_yielded(record)
+
+    async def _boot_yielded(self, record: Record) -> None:
         container = await asyncio.to_thread(self._container, record)
         if container is None:
             raise BackendError(f"the container of sandbox {record.sandbox_id} is gone")
@@ -636,7 +622,7 @@ class DockerBackend:
             )
 
     def _disk(self, record: Record) -> tuple[int, int]:
-        """What the sandbox wrote (its qgroup's count past the image) and its disk size."""
+        """What the sandbox wrote (its qgroup's count: its own extents only) and its disk size."""
         if record.disk is None or self._container(record) is None:
             return 0, 0
         referenced, _ = _docker_pool.usage(self._pool_uuid, record.disk["subvolume"])

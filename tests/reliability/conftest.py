@@ -86,8 +86,8 @@ class Counts:
 
 
 # The counts per backend (``counts(name)``); a backend not named here gets crun's. gVisor's and
-# docker's creates and kills take several times crun's on two cores (docker's removal waits on
-# btrfs qgroups), so their runs make fewer sandboxes, to keep CI within its budget.
+# docker's creates and kills take several times crun's on two cores (docker's removals, btrfs
+# subvolumes, go one at a time), so their runs make fewer sandboxes, to keep CI within its budget.
 _SMALLER = Counts(creates=24, creates_in_flight=8, per_server=8, crash_rounds=3, creates_per_round=6)
 COUNTS: dict[str, Counts] = {"crun": Counts(), "docker": _SMALLER, "gvisor": _SMALLER}
 

@@ -91,3 +91,25 @@ def test_the_worker_ends_when_idle_and_the_next_hand_in_starts_another(tmp_path:
     reaper.submit("b.2")
     assert reaper.wait(10)
     assert removed == ["e2b-one", "e2b-two"]
+
+
+def test_removals_wait_while_a_create_is_in_flight(tmp_path: Path) -> None:
+    removed: list[str] = []
+    reaper = Reaper(tmp_path, removed.append, idle_s=0.1)
+    killed(tmp_path, "a.1", "e2b-one")
+    with reaper.yielding():
+        reaper.submit("a.1")
+        assert reaper.wait(0.3) is False
+        assert removed == [], "the create goes first"
+    assert reaper.wait(10)
+    assert removed == ["e2b-one"]
+
+
+def test_a_removal_is_deferred_for_a_bounded_time_only(tmp_path: Path) -> None:
+    removed: list[str] = []
+    reaper = Reaper(tmp_path, removed.append, idle_s=0.1, max_defer_s=0.2)
+    killed(tmp_path, "a.1", "e2b-one")
+    with reaper.yielding():  # a create that never ends, or a steady stream of them
+        reaper.submit("a.1")
+        assert reaper.wait(10)
+    assert removed == ["e2b-one"]
