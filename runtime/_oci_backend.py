@@ -72,6 +72,7 @@ from .templates import Template, ensure_template, register_template_user, templa
 CGROUP_PARENT = "e2b-compat"
 _CGROUP_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "cpuset", "devices", "freezer", "blkio", "hugetlb")
 _HEALTH_TIMEOUT_S = 30.0
+_HEALTH_FIRST_PAUSE_S, _HEALTH_LAST_PAUSE_S = 0.01, 0.1  # between probes of a starting agent
 _LAST_SNAPSHOT = "last-snapshot"  # in a sandbox's folder: its newest snapshot's id, to share files with
 _KILL_ATTEMPTS = 4  # a failing release is tried this often, pausing 0.25, 0.5, 1 s between
 _KILL_BACKOFF_S = 0.25
@@ -464,7 +465,12 @@ class OciBackend:
         await self._runtime.start(container)
         assert record.network is not None
         net = _network.SandboxNetwork.from_record(record.network)
-        await _wait_healthy(f"http://{net.sandbox_ip}:{ENVD_PORT}/health", log)
+        try:
+            await _wait_healthy(f"http://{net.sandbox_ip}:{ENVD_PORT}/health", log)
+        except BackendError as exc:  # what was there when it gave up: the process, the namespace
+            status = await asyncio.to_thread(self._runtime.status, container)
+            netns = "present" if net.netns_path.exists() else "gone"
+            raise BackendError(f"{exc} (container {status or 'gone'}, network namespace {netns})") from None
 
     async def pause(self, sandbox_id: str, *, memory: bool) -> SandboxInfo:
         with _reported(f"pausing sandbox {sandbox_id}"):
@@ -956,11 +962,21 @@ async def _wait_healthy(url: str, log: Path) -> None:
     # What answers is the sandbox's to replace (its tenant is root there): each probe ends within a
     # second however slowly the answer dribbles in, and its body is never read (a 204 has none).
     deadline = time.monotonic() + _HEALTH_TIMEOUT_S
+    last = "no answer"
+    # Backing off to 0.1 s: a refused connection returns at once, and a burst of creates probing
+    # every 10 ms kept the server's event loop (and a core) busy while the agents started.
+    pause = _HEALTH_FIRST_PAUSE_S
     async with httpx.AsyncClient(timeout=1.0, trust_env=False) as client:
         while (left := deadline - time.monotonic()) > 0:
-            with contextlib.suppress(httpx.TransportError, TimeoutError):
+            try:
                 async with asyncio.timeout(min(1.0, left)), client.stream("GET", url) as response:
                     if response.status_code == 204:
                         return
-            await asyncio.sleep(0.01)
-    raise BackendError(f"the agent did not become healthy within {_HEALTH_TIMEOUT_S:.0f} s: {_hostfs.tail(log)}")
+                    last = f"status {response.status_code}"
+            except (httpx.TransportError, TimeoutError) as exc:
+                last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            await asyncio.sleep(pause)
+            pause = min(pause * 1.5, _HEALTH_LAST_PAUSE_S)
+    raise BackendError(
+        f"the agent did not become healthy within {_HEALTH_TIMEOUT_S:.0f} s (last probe: {last}): {_hostfs.tail(log)}"
+    )
