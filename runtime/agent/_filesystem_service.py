@@ -171,7 +171,11 @@ class FilesystemService:
             async for event in polling.watcher:
                 if len(polling.events) >= MAX_POLLED_EVENTS:
                     raise WatcherError(OVERFLOW_MESSAGE)
-                polling.events.append(await self._event_message(root, event, include_entry, user))
+                message = await self._event_message(root, event, include_entry, user)
+                # Appended after the await: ``polling.events.append(await ...)`` binds the list first,
+                # and a poll during the entry's stat swaps it out, so the event went to a list
+                # already answered (seen: a watch with include_entry missing a directory's create).
+                polling.events.append(message)
         except WatcherError as exc:
             polling.error = str(exc)
             polling.events = []
