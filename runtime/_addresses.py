@@ -18,6 +18,8 @@ agent. So the leases live in one file per host, changed only under an exclusive 
   the subnet's cool-down.
 - ``leases(owner)`` lists one owner's leases, so that a backend's reconciliation can end the
   ones no sandbox of its own holds any more.
+- ``sweep(...)`` is that part of every backend's reconciliation: it ends the leases no sandbox
+  holds and removes the network namespaces no backend on the host claims.
 
 ``owner`` is the backend's state folder, ``key`` the sandbox id. The default folder is under
 ``/run``, which the host empties at boot, when every network namespace is gone too.
@@ -35,10 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import _network
 from ._hostregistry import LockedState
-from ._network import DEFAULT_POOL, SUBNET_PREFIX, NetworkError, PoolExhaustedError
+from ._network import DEFAULT_POOL, SUBNET_PREFIX, AddressPool, NetworkError, PoolExhaustedError
 
-__all__ = ["DEFAULT_REGISTRY", "AddressRegistry", "Lease", "host_networks"]
+__all__ = ["DEFAULT_REGISTRY", "AddressRegistry", "Lease", "host_networks", "sweep"]
 
 DEFAULT_REGISTRY = Path("/run/e2b-compat")
 COOL_DOWN_S = 60.0
@@ -133,3 +136,43 @@ class AddressRegistry:
                 for net, lease in sorted(state["leases"].items(), key=lambda item: ipaddress.IPv4Network(item[0]))
                 if owner is None or lease["owner"] == owner
             ]
+
+
+def sweep(
+    registry: AddressRegistry,
+    owner: str,
+    *,
+    kept: Iterable[tuple[str, str]],
+    known_netns: Iterable[str],
+    pool: AddressPool,
+) -> list[str]:
+    """End ``owner``'s leases no sandbox holds and remove the namespaces no backend claims.
+
+    ``kept`` is the (subnet, sandbox id) of every lease a record of ``owner`` still holds and
+    ``known_netns`` those records' namespace names. A lease of another owner is ended only when
+    its state folder is gone (a test's, a deleted data folder); while it exists, its sandboxes'
+    namespaces share our prefix and are not orphans. Returns the namespaces removed.
+    """
+    kept_leases = set(kept)
+    claimed = set(known_netns)
+    # Namespaces first, leases second: another server's create takes its lease before it makes
+    # its namespace, so every namespace listed here has its lease in the later read.
+    owned_netns = _network.list_owned()
+    for lease in registry.leases():
+        if lease.owner == owner:
+            stale = (str(lease.subnet), lease.key) not in kept_leases
+        else:
+            stale = not (Path(lease.owner) / "sandboxes").is_dir()
+            if not stale:
+                claimed.add(_network.NETNS_PREFIX + lease.key)
+        if stale:
+            registry.release(lease.subnet, lease.owner, lease.key)
+    removed = []
+    for netns in owned_netns:
+        if netns not in claimed:
+            # Names derive from the sandbox id alone; any subnet gives the same names to remove.
+            orphan = _network.plan(netns[len(_network.NETNS_PREFIX) :], pool.allocate(set()))
+            with contextlib.suppress(NetworkError, ValueError):
+                _network.destroy(orphan)
+                removed.append(netns)
+    return removed

@@ -17,12 +17,11 @@ import contextlib
 import logging
 import secrets
 import shutil
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import docker.errors
 
-from . import _network
+from . import _addresses, _network
 from ._docker_engine import LABEL_KIND, LABEL_OWNER
 from ._docker_reaper import REAPING
 from .backend import ReconcileReport, SandboxRuntimeError, State
@@ -65,23 +64,9 @@ def reconcile(backend: DockerBackend) -> ReconcileReport:
             known_netns.add(net.netns)
             kept_subnets.add((str(net.subnet), record.sandbox_id))
     cleaned += _remove_unowned(backend, containers)
-    owned_netns = _network.list_owned()  # before the leases, as in runtime._oci_backend's reconcile
-    others = set()
-    for lease in backend._addresses.leases():
-        if lease.owner == backend._owner:
-            stale = (str(lease.subnet), lease.key) not in kept_subnets
-        else:  # another backend's, whose state folder is gone
-            stale = not (Path(lease.owner) / "sandboxes").is_dir()
-            if not stale:
-                others.add(_network.NETNS_PREFIX + lease.key)
-        if stale:
-            backend._addresses.release(lease.subnet, lease.owner, lease.key)
-    for netns in owned_netns:
-        if netns not in known_netns and netns not in others:
-            orphan = _network.plan(netns[len(_network.NETNS_PREFIX) :], backend._pool.allocate(set()))
-            with contextlib.suppress(_network.NetworkError, ValueError):
-                _network.destroy(orphan)
-                cleaned.append(netns)
+    cleaned += _addresses.sweep(
+        backend._addresses, backend._owner, kept=kept_subnets, known_netns=known_netns, pool=backend._pool
+    )
     for leftover in (backend._dir / "sandboxes").iterdir():
         if not (leftover / "record.json").exists():
             shutil.rmtree(leftover, ignore_errors=True)  # a create that died before its record

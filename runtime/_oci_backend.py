@@ -781,26 +781,9 @@ class OciBackend:
             mine = id_lease.owner == self._owner
             if (id_lease.base, id_lease.key) not in kept_ids if mine else not Path(id_lease.owner).is_dir():
                 self._ids.release(id_lease.base, id_lease.owner, id_lease.key)
-        # Namespaces first, leases second: another server's create takes its lease before it
-        # makes its namespace, so every namespace listed here has its lease in the later read.
-        owned_netns = _network.list_owned()
-        others = set()
-        for lease in self._addresses.leases():
-            if lease.owner == self._owner:  # a lease of ours that no sandbox of ours holds any more
-                stale = (str(lease.subnet), lease.key) not in kept_subnets
-            else:  # another backend's, whose state folder is gone (a test's, a deleted data folder)
-                stale = not (Path(lease.owner) / "sandboxes").is_dir()
-                if not stale:  # its sandboxes have namespaces of the same prefix: not orphans
-                    others.add(_network.NETNS_PREFIX + lease.key)
-            if stale:
-                self._addresses.release(lease.subnet, lease.owner, lease.key)
-        for netns in owned_netns:
-            if netns not in known_netns and netns not in others:
-                # Names derive from the sandbox id alone; any subnet gives the same names to remove.
-                orphan = _network.plan(netns[len(_network.NETNS_PREFIX) :], self._pool.allocate(set()))
-                with contextlib.suppress(_network.NetworkError, ValueError):
-                    _network.destroy(orphan)
-                    cleaned.append(netns)
+        cleaned += _addresses.sweep(
+            self._addresses, self._owner, kept=kept_subnets, known_netns=known_netns, pool=self._pool
+        )
         for leftover in (self._dir / "sandboxes").iterdir():
             if not (leftover / "record.json").exists() and not _hostfs.mounts_under(leftover):
                 shutil.rmtree(leftover, ignore_errors=True)  # a create that died before its record

@@ -8,11 +8,13 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from runtime._addresses import AddressRegistry, host_networks
-from runtime._network import NetworkError, PoolExhaustedError
+from runtime import _network
+from runtime._addresses import AddressRegistry, host_networks, sweep
+from runtime._network import AddressPool, NetworkError, PoolExhaustedError
 
 POOL = "10.250.0.0/26"  # 16 subnets of /30
 
@@ -135,3 +137,50 @@ def test_the_registry_is_private(tmp_path: Path) -> None:
 
 def test_host_networks_reads_the_loopback() -> None:
     assert ipaddress.IPv4Network("127.0.0.0/8") in host_networks()
+
+
+def test_sweep_ends_what_no_sandbox_holds_and_spares_what_another_backend_claims(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reg = registry(tmp_path / "registry")
+    mine, theirs, gone = (str(tmp_path / name) for name in ("mine", "theirs", "gone"))
+    (tmp_path / "theirs" / "sandboxes").mkdir(parents=True)  # a live backend; "gone" has no folder
+    held = reg.allocate(mine, "held")
+    reg.allocate(mine, "crashed")  # a lease whose record was never saved
+    reg.allocate(theirs, "their1")
+    reg.allocate(gone, "ghost")
+    namespaces = [_network.NETNS_PREFIX + key for key in ("held", "their1", "ghost", "stray")]
+    destroyed: list[str] = []
+    monkeypatch.setattr(_network, "list_owned", lambda prefix=_network.NETNS_PREFIX: namespaces)
+    monkeypatch.setattr(_network, "destroy", lambda net: destroyed.append(net.netns))
+    removed = sweep(
+        reg, mine, kept=[(str(held), "held")], known_netns=[_network.NETNS_PREFIX + "held"], pool=AddressPool(POOL)
+    )
+    assert sorted((lease.owner, lease.key) for lease in reg.leases()) == [(mine, "held"), (theirs, "their1")]
+    assert removed == destroyed == [_network.NETNS_PREFIX + "ghost", _network.NETNS_PREFIX + "stray"]
+
+
+def test_sweep_keeps_a_namespace_whose_lease_appears_after_the_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another server's create takes its lease, then makes its namespace; the sweep lists namespaces first."""
+    reg = registry(tmp_path / "registry")
+    theirs = str(tmp_path / "theirs")
+    (tmp_path / "theirs" / "sandboxes").mkdir(parents=True)
+    listed: list[str] = []
+    real_leases = reg.leases
+
+    def leases_while_they_create(owner: str | None = None) -> list[Any]:
+        found = real_leases(owner)
+        if not listed:  # their create lands between the sweep's two reads, whichever comes first
+            reg.allocate(theirs, "racing")
+            listed.append(_network.NETNS_PREFIX + "racing")
+        return found
+
+    destroyed: list[str] = []
+    monkeypatch.setattr(reg, "leases", leases_while_they_create)
+    monkeypatch.setattr(_network, "list_owned", lambda prefix=_network.NETNS_PREFIX: list(listed))
+    monkeypatch.setattr(_network, "destroy", lambda net: destroyed.append(net.netns))
+    assert sweep(reg, str(tmp_path / "mine"), kept=[], known_netns=[], pool=AddressPool(POOL)) == []
+    assert [lease.key for lease in real_leases()] == ["racing"]
+    assert destroyed == []
