@@ -98,7 +98,7 @@ class ServerConfig:
     )
     owner: str = _setting("default", "Owner of the API key made on first start.")
     cpu_count: int = _setting(2, "vCPUs of a sandbox.")
-    memory_mb: int = _setting(512, "Memory of a sandbox, MiB.")
+    memory_mb: int = _setting(512, "Memory of a sandbox, MiB (at least its template's own size, if it has one).")
     disk_mb: int = _setting(2048, "Disk of a sandbox, MiB: a full disk is ENOSPC inside it (507 on upload).")
     max_timeout_seconds: int = _setting(
         UPSTREAM_MAX_TIMEOUT_SECONDS, "Longest sandbox timeout a request may ask for (E2B caps it at 24 h)."

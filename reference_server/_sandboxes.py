@@ -86,8 +86,11 @@ class ServiceSettings:
     envd_version: str
     templates: frozenset[str]  # names a sandbox may start from (snapshots come on top, per owner)
     cpu_count: int = Defaults.CPU_COUNT
-    memory_mb: int = Defaults.MEMORY_MB
+    memory_mb: int = Defaults.MEMORY_MB  # of a sandbox whose template has no size of its own
     disk_mb: int = Defaults.DISK_MB
+    # A template's own memory size (``runtime.templates.TEMPLATE_MEMORY_MB``): its floor, since its
+    # processes need it; a sandbox of a snapshot gets its source template's.
+    template_memory_mb: Mapping[str, int] = field(default_factory=dict)
     max_timeout_s: int = 86_400
     egress_enabled: bool = False  # the operator's switch; without it no sandbox reaches outside
     agent_port: int = ENVD_PORT
@@ -270,7 +273,8 @@ class SandboxService:
             self.require(Feature.EGRESS_RULES, "network allow and deny lists")
         if request.auto_pause and request.auto_pause_memory:
             self.require(Feature.PAUSE_MEMORY, "pausing with memory when the timeout ends")
-        await self._check_template(owner, request.template_id)
+        template = await self._check_template(owner, request.template_id)
+        memory_mb = max(self.settings.memory_mb, self.settings.template_memory_mb.get(template, 0))
         sandbox_id = new_sandbox_id()
         envd_token = new_sandbox_token() if request.secure else None
         traffic_token = None if request.network.allow_public_traffic else new_sandbox_token()
@@ -287,7 +291,7 @@ class SandboxService:
             auto_pause_memory=request.auto_pause_memory,
             auto_resume=request.auto_resume,
             cpu_count=self.settings.cpu_count,
-            memory_mb=self.settings.memory_mb,
+            memory_mb=memory_mb,
             disk_mb=self.settings.disk_mb,
             timeout_s=request.timeout_s,
         )
@@ -304,7 +308,7 @@ class SandboxService:
             details=append_event(details, now, "info", "sandbox creating", template=request.template_id),
         )
         # Admitted before anything is stored; the reservation lasts until the start succeeded or was undone.
-        async with self.admission.create(owner, sandbox_id, self.settings.memory_mb), self.lock(sandbox_id):
+        async with self.admission.create(owner, sandbox_id, memory_mb), self.lock(sandbox_id):
             record = await self.store.insert(record)
             try:
                 spec = SandboxSpec(
@@ -312,7 +316,7 @@ class SandboxService:
                     template=request.template_id,
                     limits=Limits(
                         cpu_count=self.settings.cpu_count,
-                        memory_mb=self.settings.memory_mb,
+                        memory_mb=memory_mb,
                         disk_mb=self.settings.disk_mb,
                     ),
                     hostname=sandbox_id,
@@ -332,12 +336,18 @@ class SandboxService:
         await self.metrics.sample(sandbox_id)
         return Opened(record, envd_token, traffic_token)
 
-    async def _check_template(self, owner: str, template_id: str) -> None:
-        if template_id in self.settings.templates:
-            return
-        snapshot = await self.snapshots.get(template_id)
-        if snapshot is None or snapshot.owner != owner:
-            raise ApiError(404, text.TEMPLATE_NOT_FOUND.format(template=template_id))
+    async def _check_template(self, owner: str, template_id: str) -> str:
+        """The template a sandbox of ``template_id`` starts from at bottom: itself, or a snapshot's source's."""
+        seen = set()
+        while template_id not in self.settings.templates:
+            snapshot = await self.snapshots.get(template_id)
+            if snapshot is None or snapshot.owner != owner:
+                raise ApiError(404, text.TEMPLATE_NOT_FOUND.format(template=template_id))
+            seen.add(template_id)
+            if snapshot.template_id in seen:  # never written so; a loop must not hang a create
+                return template_id
+            template_id = snapshot.template_id
+        return template_id
 
     async def _started(self, record: SandboxRecord, host: str | None, timeout_s: int, message: str) -> SandboxRecord:
         """The runtime runs it: initialize the agent, then record it running from now on."""

@@ -32,7 +32,7 @@ import uvicorn
 from runtime.agent import ENVD_VERSION, bind
 from runtime.backend import Backend
 from runtime.host import MemoryLedger
-from runtime.templates import Template
+from runtime.templates import TEMPLATE_MEMORY_MB, Template
 
 from ._admission import admission_limits
 from ._agent_init import HttpAgentInitializer
@@ -158,6 +158,7 @@ async def open_server(
             templates=frozenset({config.default_template, *config.templates}),
             cpu_count=config.cpu_count,
             memory_mb=config.memory_mb,
+            template_memory_mb=TEMPLATE_MEMORY_MB,
             disk_mb=config.disk_mb,
             max_timeout_s=config.max_timeout_seconds,
             egress_enabled=config.egress_enabled,

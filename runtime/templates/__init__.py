@@ -20,6 +20,7 @@ Debian mirror is the one apt is configured with (``find_debian_mirror``).
 from __future__ import annotations
 
 from ._build import (
+    TEMPLATE_MEMORY_MB,
     TEMPLATE_NAMES,
     Template,
     ensure_template,
@@ -38,6 +39,7 @@ from ._users import register_user as register_template_user
 __all__ = [
     "AGENT_COMMAND",
     "INTERPRETER_TEMPLATE",
+    "TEMPLATE_MEMORY_MB",
     "TEMPLATE_NAMES",
     "Mirror",
     "PlainProgress",

@@ -47,6 +47,7 @@ from ._users import lowers_in_use
 
 __all__ = [
     "METADATA",
+    "TEMPLATE_MEMORY_MB",
     "TEMPLATE_NAMES",
     "Template",
     "ensure_template",
@@ -56,6 +57,11 @@ __all__ = [
 ]
 
 TEMPLATE_NAMES = ("os", "base", _keys.INTERPRETER_TEMPLATE)
+# A template's own memory size, MiB, where it needs more than the server's default: upstream builds
+# its code-interpreter template with 2 GiB, and ours starts five kernels at boot (Python, Deno,
+# IRkernel, a JVM, bash), more than 512 MiB hold; under gVisor, whose sentry owns all of a
+# sandbox's memory, a second JVM or Deno context got the whole sandbox OOM-killed.
+TEMPLATE_MEMORY_MB = {_keys.INTERPRETER_TEMPLATE: 2048}
 METADATA = "template.json"
 FORMAT = 1
 # Where the wheelhouse sits inside the rootfs while the agent is installed from it.

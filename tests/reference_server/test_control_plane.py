@@ -6,6 +6,7 @@ Every success body is validated against the derived contract's schema; every ref
 
 from __future__ import annotations
 
+import dataclasses
 import urllib.parse
 from typing import Any
 
@@ -450,3 +451,24 @@ async def test_egress_ranges_must_be_ipv4_addresses_or_cidrs(plane: Plane) -> No
     assert (
         await plane.client.put(url, json={"allowOut": ["10.1.2.3", "192.168.0.0/16"]}, headers=A)
     ).status_code == 204
+
+
+async def test_a_template_with_a_memory_size_of_its_own_gets_it_and_so_do_its_snapshots(plane: Plane) -> None:
+    plane.service.settings = dataclasses.replace(
+        plane.service.settings,
+        templates=frozenset({"base", "code-interpreter-v1"}),
+        template_memory_mb={"code-interpreter-v1": 2048, "base": 256},  # a floor: base keeps the default
+    )
+    plane.backend.templates["code-interpreter-v1"] = {}
+    default = (await plane.create())["sandboxID"]
+    big = (await plane.create(templateID="code-interpreter-v1"))["sandboxID"]
+    snapshot = (await plane.client.post(f"/sandboxes/{big}/snapshots", json={}, headers=A)).json()["snapshotID"]
+    from_snapshot = (await plane.create(templateID=snapshot))["sandboxID"]
+    again = (await plane.client.post(f"/sandboxes/{from_snapshot}/snapshots", json={}, headers=A)).json()["snapshotID"]
+    from_second = (await plane.create(templateID=again))["sandboxID"]
+    for sandbox_id, memory_mb in [(default, 512), (big, 2048), (from_snapshot, 2048), (from_second, 2048)]:
+        info = (await plane.client.get(f"/sandboxes/{sandbox_id}", headers=A)).json()
+        assert info["memoryMB"] == memory_mb, sandbox_id
+        assert (await plane.backend.metrics(sandbox_id)).memory_limit_bytes == memory_mb << 20, (
+            "the limit the backend got"
+        )

@@ -59,16 +59,11 @@ def one_flavour_off_the_default(config: pytest.Config, items: list[pytest.Item])
     if os.environ.get("E2B_COMPAT_LIVE_EVERY_FLAVOUR"):
         return
     kept, dropped = [], []
-    off_default_skipped = tuple(f"interpreter/languages/{name}" for name in ("java", "r", "typescript"))
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         backend, flavour, case = params.get("backend_server"), params.get("flavour"), params.get("case")
         off_default = isinstance(backend, str) and backend != DEFAULT_BACKEND
-        # The per-language interpreter cases run on the default backend here: on docker and
-        # gVisor a first Java, R or TypeScript kernel outlasted the clients' 60 s run timeout
-        # (measured, not yet explained); the conformance matrix runs them everywhere.
-        off_only = isinstance(case, Case) and case.name.startswith(off_default_skipped)
-        if off_default and isinstance(case, Case) and (flavour != chosen_flavour(case) or off_only):
+        if off_default and isinstance(case, Case) and flavour != chosen_flavour(case):
             dropped.append(item)
             continue
         kept.append(item)
