@@ -326,3 +326,20 @@ def sandbox_signed_urls(r: dict[str, Any], work: str) -> None:
     expected = dict.fromkeys(SIGNED_UPLOADS)
     expected |= {"up.txt": "uploaded", "up-expiring.txt": "uploaded before expiry"}
     assert r["uploaded"] == expected, f"the files the signed uploads left: {r['uploaded']}"
+
+
+def sandbox_template_build(r: dict[str, Any], work: str) -> None:
+    """A template built with the clients' builder: its steps, start command, tags, failure and deletion."""
+    assert r["build_tags"] == ["t1"], f"the build answered tags {r['build_tags']}"
+    assert r["exists"] == [True, False], f"Template.exists(name, name-missing) gave {r['exists']}"
+    probe = r["probe"]
+    expected = ["copied", "file", "built", "from-template", "/home/user/app", "user", "200"]
+    assert probe == expected, f"a sandbox of the template holds {probe}, not {expected} (copy, run, env, workdir, user, start)"
+    assert r["template_id"] is True, "the sandbox reports another templateID than the build's"
+    assert r["assigned"] == ["t2"]
+    assert r["tags"] == ["t1", "t2"], f"tags after assigning t2: {r['tags']}"
+    assert r["tags_after"] == ["t2"], f"tags after removing t1: {r['tags_after']}"
+    assert "exit code 4" in r["failure"], f"a failing step's build raised {r['failure']!r}"
+    assert "step-output" in r["failure"], f"the failing step's output is not in {r['failure']!r}"
+    assert r["deleted"] is True
+    assert r["after_delete"] == "404", f"a create of a deleted template gave {r['after_delete']!r}"

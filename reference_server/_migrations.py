@@ -138,11 +138,86 @@ CREATE TABLE snapshots (
 CREATE INDEX snapshots_by_owner ON snapshots (owner, created_at, snapshot_id);
 """
 
+# Template builds (``_templates``): an owner's named templates, their builds (a build's layer is
+# the runtime's snapshot id of its filesystem, set once ready), ``name:tag`` pointers at builds,
+# build logs in order, the per-owner step cache (a content key → the layer after those steps) and
+# layers no record names any more, deleted from the runtime once nothing uses them.
+_TEMPLATES = """
+CREATE TABLE templates (
+    template_id TEXT PRIMARY KEY CHECK (template_id <> ''),
+    owner TEXT NOT NULL CHECK (owner <> ''),
+    name TEXT NOT NULL CHECK (name <> ''),
+    cpu_count INTEGER NOT NULL CHECK (cpu_count >= 1),
+    memory_mb INTEGER NOT NULL CHECK (memory_mb >= 1),
+    disk_mb INTEGER NOT NULL CHECK (disk_mb >= 0),
+    public INTEGER NOT NULL CHECK (public IN (0, 1)),
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    spawn_count INTEGER NOT NULL DEFAULT 0,
+    last_spawned_at TEXT
+) STRICT;
+
+CREATE UNIQUE INDEX templates_by_name ON templates (owner, name);
+
+CREATE TABLE builds (
+    build_id TEXT PRIMARY KEY CHECK (build_id <> ''),
+    template_id TEXT NOT NULL REFERENCES templates (template_id),
+    owner TEXT NOT NULL CHECK (owner <> ''),
+    status TEXT NOT NULL CHECK (status IN ('waiting', 'building', 'ready', 'error')),
+    cpu_count INTEGER NOT NULL,
+    memory_mb INTEGER NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    finished_at TEXT,
+    spec TEXT CHECK (spec IS NULL OR json_valid(spec)),
+    layer TEXT,
+    config TEXT CHECK (config IS NULL OR json_valid(config)),
+    reason TEXT CHECK (reason IS NULL OR json_valid(reason)),
+    requested_tags TEXT NOT NULL CHECK (json_valid(requested_tags) AND json_type(requested_tags) = 'array'),
+    CHECK (status <> 'ready' OR (layer IS NOT NULL AND config IS NOT NULL))
+) STRICT;
+
+CREATE INDEX builds_by_template ON builds (template_id, created_at);
+CREATE INDEX builds_unfinished ON builds (status);
+
+CREATE TABLE tags (
+    template_id TEXT NOT NULL REFERENCES templates (template_id),
+    tag TEXT NOT NULL CHECK (tag <> ''),
+    build_id TEXT NOT NULL REFERENCES builds (build_id),
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (template_id, tag)
+) STRICT;
+
+CREATE TABLE build_logs (
+    build_id TEXT NOT NULL REFERENCES builds (build_id),
+    seq INTEGER NOT NULL CHECK (seq >= 0),
+    timestamp TEXT NOT NULL,
+    level TEXT NOT NULL CHECK (level IN ('debug', 'info', 'warn', 'error')),
+    message TEXT NOT NULL,
+    step TEXT,
+    PRIMARY KEY (build_id, seq)
+) STRICT;
+
+CREATE TABLE build_cache (
+    owner TEXT NOT NULL CHECK (owner <> ''),
+    key TEXT NOT NULL CHECK (length(key) = 64),
+    layer TEXT NOT NULL CHECK (layer <> ''),
+    config TEXT NOT NULL CHECK (json_valid(config)),
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (owner, key)
+) STRICT;
+
+CREATE TABLE retired_layers (
+    layer TEXT PRIMARY KEY CHECK (layer <> '')
+) STRICT;
+"""
+
 # Append only; never edit an entry once a server has shipped with it.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "sandboxes", _SANDBOXES),
     Migration(2, "api_keys", _API_KEYS),
     Migration(3, "snapshots", _SNAPSHOTS),
+    Migration(4, "templates", _TEMPLATES),
 )
 
 

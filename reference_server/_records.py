@@ -235,6 +235,9 @@ class SandboxDetails:
     address: str | None = None  # where the host reaches the sandbox while it runs
     started_at: str | None = None  # RFC 3339; set once, at the first start
     paused_memory: bool | None = None  # how the last pause was made
+    # A built template's last user and working directory (None: the server's default user, its home).
+    default_user: str | None = None
+    default_workdir: str | None = None
     events: tuple[LifecycleEvent, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -256,6 +259,9 @@ class SandboxDetails:
         }
         if self.paused_memory is not None:
             document["paused_memory"] = self.paused_memory
+        for name in ("default_user", "default_workdir"):
+            if getattr(self, name) is not None:  # absent from sandboxes of the server's own templates
+                document[name] = getattr(self, name)
         if self.disk_mb:  # absent from records made before disks had a size: they read back unchanged
             document["disk_mb"] = self.disk_mb
         return document
@@ -292,6 +298,8 @@ _SCALARS: dict[str, type | tuple[type, ...]] = {
     "address": str,
     "started_at": str,
     "paused_memory": bool,
+    "default_user": str,
+    "default_workdir": str,
 }
 _DETAIL_KEYS = frozenset(item.name for item in fields(SandboxDetails))
 

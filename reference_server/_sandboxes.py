@@ -31,11 +31,13 @@ from runtime.host import MemoryLedger
 
 from . import _errors as text
 from ._admission import Admission, AdmissionLimits
+from ._agent_session import AgentSession, SessionFactory
 from ._credentials import SealedToken, TokenScope, TokenVault, new_sandbox_token
 from ._errors import ApiError, runtime_refusal
 from ._events import LogQuery, append_event, query_logs, rfc3339, since
 from ._metrics import MetricsBook, Sample
 from ._records import Defaults, LifecycleEvent, NetworkSettings, SandboxDetails, SandboxRecord, SandboxState
+from ._sandbox_templates import BuiltTemplates, resolve_template, start_command
 from ._snapshots import SnapshotPage, SnapshotRecord, SnapshotStore
 from ._store import Changes, GenerationConflict, InvalidCursor, NotFound, Page, Store, StoreError
 
@@ -147,8 +149,10 @@ class SandboxService:
         initialize: AgentInitializer,
         metrics: MetricsBook,
         clock: Callable[[], datetime] | None = None,
+        agent_sessions: SessionFactory = AgentSession,
     ) -> None:
         self.store = store
+        self.agent_sessions = agent_sessions  # the server's own calls to agents (start commands, builds)
         self.snapshots = snapshots
         self.backend = backend
         self.vault = vault
@@ -157,6 +161,7 @@ class SandboxService:
         self._initialize = initialize
         self._clock = clock or (lambda: datetime.now(UTC))
         self._locks: dict[str, asyncio.Lock] = {}
+        self.built: BuiltTemplates | None = None  # set once the template service exists
         self.admission = Admission(
             settings.admission,
             store,
@@ -273,8 +278,14 @@ class SandboxService:
             self.require(Feature.EGRESS_RULES, "network allow and deny lists")
         if request.auto_pause and request.auto_pause_memory:
             self.require(Feature.PAUSE_MEMORY, "pausing with memory when the timeout ends")
-        template = await self._check_template(owner, request.template_id)
-        memory_mb = max(self.settings.memory_mb, self.settings.template_memory_mb.get(template, 0))
+        resolved = await resolve_template(
+            self.settings.templates, self.built, self.snapshots, owner, request.template_id
+        )
+        built = resolved.built
+        floor = self.settings.template_memory_mb.get(resolved.root, 0)
+        memory_mb = max(built.template.memory_mb if built else self.settings.memory_mb, floor)
+        cpu_count = built.template.cpu_count if built else self.settings.cpu_count
+        env_vars = {**(built.config.env if built else {}), **request.env_vars}
         sandbox_id = new_sandbox_id()
         envd_token = new_sandbox_token() if request.secure else None
         traffic_token = None if request.network.allow_public_traffic else new_sandbox_token()
@@ -290,20 +301,22 @@ class SandboxService:
             network=request.network,
             auto_pause_memory=request.auto_pause_memory,
             auto_resume=request.auto_resume,
-            cpu_count=self.settings.cpu_count,
+            cpu_count=cpu_count,
             memory_mb=memory_mb,
             disk_mb=self.settings.disk_mb,
             timeout_s=request.timeout_s,
+            default_user=built.config.user if built else None,
+            default_workdir=built.config.workdir if built else None,
         )
         record = SandboxRecord(
             sandbox_id=sandbox_id,
             owner=owner,
-            template_id=request.template_id,
+            template_id=resolved.reported or request.template_id,
             state=S.CREATING,
             created_at=now,
             expires_at=now + timedelta(seconds=request.timeout_s),
             metadata=dict(request.metadata),
-            env_vars=dict(request.env_vars),
+            env_vars=env_vars,
             auto_pause=request.auto_pause,
             details=append_event(details, now, "info", "sandbox creating", template=request.template_id),
         )
@@ -313,9 +326,9 @@ class SandboxService:
             try:
                 spec = SandboxSpec(
                     sandbox_id=sandbox_id,
-                    template=request.template_id,
+                    template=resolved.runtime_template,
                     limits=Limits(
-                        cpu_count=self.settings.cpu_count,
+                        cpu_count=cpu_count,
                         memory_mb=memory_mb,
                         disk_mb=self.settings.disk_mb,
                     ),
@@ -327,27 +340,22 @@ class SandboxService:
                 await self.backend.create(spec)
                 info = await self.backend.start(sandbox_id)
                 record = await self._started(record, info.host, request.timeout_s, "sandbox started")
+                if built is not None and resolved.runtime_template == built.layer:
+                    await start_command(self.agent_sessions, self.settings.agent_port, record, built, envd_token)
             except BaseException as exc:
                 await self._discard(record)
                 if isinstance(exc, SandboxRuntimeError):
                     log.error("creating %s failed: %s", sandbox_id, exc)
                     raise runtime_refusal("create", exc, template=request.template_id) from None
                 raise
+        if built is not None and self.built is not None:
+            await self.built.spawned(built.template.template_id)
         await self.metrics.sample(sandbox_id)
         return Opened(record, envd_token, traffic_token)
 
-    async def _check_template(self, owner: str, template_id: str) -> str:
-        """The template a sandbox of ``template_id`` starts from at bottom: itself, or a snapshot's source's."""
-        seen = set()
-        while template_id not in self.settings.templates:
-            snapshot = await self.snapshots.get(template_id)
-            if snapshot is None or snapshot.owner != owner:
-                raise ApiError(404, text.TEMPLATE_NOT_FOUND.format(template=template_id))
-            seen.add(template_id)
-            if snapshot.template_id in seen:  # never written so; a loop must not hang a create
-                return template_id
-            template_id = snapshot.template_id
-        return template_id
+    async def initialize_agent(self, host: str, body: Mapping[str, Any]) -> None:
+        """``POST /init`` to the agent at ``host`` (a template build's sandbox has no record to start)."""
+        await self._initialize(host, self.settings.agent_port, body)
 
     async def _started(self, record: SandboxRecord, host: str | None, timeout_s: int, message: str) -> SandboxRecord:
         """The runtime runs it: initialize the agent, then record it running from now on."""
@@ -355,9 +363,11 @@ class SandboxService:
             raise SandboxRuntimeError(f"{record.sandbox_id}: the runtime gave no address")
         body: dict[str, Any] = {
             "envVars": record.env_vars,
-            "defaultUser": self.settings.default_user,
+            "defaultUser": record.details.default_user or self.settings.default_user,
             "timestamp": rfc3339(self.now()),
         }
+        if record.details.default_workdir:
+            body["defaultWorkdir"] = record.details.default_workdir
         opened = self.tokens(record)
         if opened.envd_token is not None:
             body["accessToken"] = opened.envd_token
@@ -599,7 +609,9 @@ class SandboxService:
             raise ApiError(400, text.INVALID_CURSOR) from None
 
     async def delete_template(self, owner: str, template_id: str) -> None:
-        """``DELETE /templates/{id}``: only snapshots can be deleted here; 404 for anything else."""
+        """``DELETE /templates/{id}``: a built template of the owner's, else a snapshot; 404 for anything else."""
+        if self.built is not None and await self.built.delete(owner, template_id):
+            return
         snapshot = await self.snapshots.get(template_id)
         if snapshot is None or snapshot.owner != owner:
             raise ApiError(404, text.TEMPLATE_NOT_FOUND.format(template=template_id))

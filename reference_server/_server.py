@@ -36,6 +36,7 @@ from runtime.templates import TEMPLATE_MEMORY_MB, Template
 
 from ._admission import admission_limits
 from ._agent_init import HttpAgentInitializer
+from ._build_files import BuildFiles
 from ._client_env import ClientEnvironment, domain_with_port
 from ._config import ServerConfig
 from ._connections import ConnectionGate, connection_limit, edge_protocols, raise_open_file_limit
@@ -51,6 +52,8 @@ from ._routing import parse_domain
 from ._sandboxes import AgentInitializer, SandboxService, ServiceSettings
 from ._snapshots import SnapshotStore
 from ._store import Store
+from ._template_service import TemplateService
+from ._templates import TemplateStore
 from ._tls import EdgeCertificates, ensure_certificates, ssl_context
 
 __all__ = [
@@ -69,6 +72,7 @@ log = logging.getLogger(__name__)
 READY_LINE = "e2b-compat server ready"
 PUBLIC_CA_FILE = "ca.pem"  # the CA certificate, readable by every local user (the tls folder is private)
 KEEPALIVE_S = 640  # as upstream's edge: longer than any client's idle pool timeout
+BUILD_UPLOAD_MAX_BYTES = 4 << 30  # one copied set of files for a template build
 
 
 class ServerStartError(Exception):
@@ -86,6 +90,7 @@ class RunningServer:
     certificates: EdgeCertificates
     api_key: str
     reconciliation: Reconciliation
+    templates: TemplateService | None = None
 
     @property
     def client_environment(self) -> ClientEnvironment:
@@ -146,6 +151,8 @@ async def open_server(
         sandbox_max_requests=config.sandbox_max_requests,
         sandbox_max_websockets=config.sandbox_max_websockets,
     )
+    builds: TemplateService | None = None
+    template_store: TemplateStore | None = None
     try:
         keys = KeyStore(store.db)
         api_key = await ensure_key(store.db, config.data_dir / "api-key", config.owner, keys=keys)
@@ -174,26 +181,41 @@ async def open_server(
             initialize=initialize,
             metrics=MetricsBook(backend),
         )
-        reconciliation = await reconcile(service)
+        reconciliation = await reconcile(service)  # kills the sandboxes of builds a stop cut off
+        template_store = await TemplateStore.open(database)
+        builds = TemplateService(
+            sandboxes=service,
+            store=template_store,
+            files=BuildFiles(config.data_dir / "template-files", max_bytes=BUILD_UPLOAD_MAX_BYTES),
+        )
+        service.built = builds
+        for build_id in await builds.recover():
+            log.warning("template build %s was cut off by a stop: recorded failed", build_id)
         edge = Edge(
             domain=parse_domain(_public_domain(config)),
-            control_plane=create_control_plane(service, keys),
+            control_plane=create_control_plane(service, keys, builds),
             service=service,
             proxy=proxy,
             vault=vault,
         )
-        yield RunningServer(config, store, keys, service, edge, proxy, certificates, api_key, reconciliation)
+        yield RunningServer(config, store, keys, service, edge, proxy, certificates, api_key, reconciliation, builds)
     finally:
+        if builds is not None:
+            await builds.aclose()
+        if template_store is not None:
+            await template_store.close()
         await proxy.aclose()
         if own_initializer is not None:
             await own_initializer.aclose()
         await store.close()
 
 
-async def _reaper(service: SandboxService, interval: float) -> None:
+async def _reaper(service: SandboxService, builds: TemplateService | None, interval: float) -> None:
     while True:
         try:
             await service.reap()
+            if builds is not None:
+                await builds.sweep()  # template layers nothing names any more
         except Exception:  # one failed sweep must not stop expiry for good
             log.exception("reaper sweep failed")
         await asyncio.sleep(interval)
@@ -233,7 +255,7 @@ async def run(
         timeout_graceful_shutdown=5,  # streams may never end on their own
     )
     tasks = [
-        asyncio.create_task(_reaper(server.service, config.reaper_interval_seconds)),
+        asyncio.create_task(_reaper(server.service, server.templates, config.reaper_interval_seconds)),
         asyncio.create_task(
             server.service.metrics.run(lambda: _running_ids(server.service), config.metrics_interval_seconds)
         ),

@@ -26,6 +26,7 @@ from contract.protocol import API_KEY_HEADER
 from reference_server import _errors as text
 from reference_server._errors import ApiError, error_response
 from reference_server._sandboxes import SandboxService
+from reference_server._template_service import TemplateService
 
 from . import sandboxes, snapshots, templates, volumes
 from ._common import Caller, Endpoint
@@ -45,7 +46,9 @@ async def health(request: Request) -> Response:
     return Response(status_code=200)
 
 
-def _authenticated(endpoint: Endpoint, service: SandboxService, keys: Authenticator) -> Route:
+def _authenticated(
+    endpoint: Endpoint, service: SandboxService, keys: Authenticator, builds: TemplateService | None
+) -> Route:
     handler = endpoint.handler
 
     async def authenticate_then_handle(request: Request) -> Response:
@@ -55,14 +58,22 @@ def _authenticated(endpoint: Endpoint, service: SandboxService, keys: Authentica
         owner = await keys.authenticate(presented)
         if owner is None:
             raise ApiError(401, text.UNAUTHORIZED)
-        return await handler(request, Caller(owner, service))
+        return await handler(request, Caller(owner, service, builds))
 
     return Route(endpoint.path, authenticate_then_handle, methods=[endpoint.method], name=handler.__name__)
 
 
-def create_control_plane(service: SandboxService, keys: Authenticator) -> Starlette:
+def create_control_plane(
+    service: SandboxService, keys: Authenticator, builds: TemplateService | None = None
+) -> Starlette:
     routes = [Route("/health", health, methods=["GET"])]
-    routes += [_authenticated(endpoint, service, keys) for module in RESOURCES for endpoint in module.ENDPOINTS]
+    if builds is not None:
+
+        async def upload(request: Request) -> Response:
+            return await templates.upload_archive(request, builds)
+
+        routes.append(Route(templates.UPLOAD_PATH, upload, methods=["PUT"], name="upload_archive"))
+    routes += [_authenticated(endpoint, service, keys, builds) for module in RESOURCES for endpoint in module.ENDPOINTS]
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)

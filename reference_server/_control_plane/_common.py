@@ -24,6 +24,7 @@ from starlette.responses import Response
 from reference_server._errors import ApiError
 from reference_server._requests import integer_query
 from reference_server._sandboxes import SandboxService
+from reference_server._template_service import TemplateService
 
 __all__ = [
     "Caller",
@@ -40,10 +41,11 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Caller:
-    """The owner an API key belongs to, and the service that acts for them."""
+    """The owner an API key belongs to, and the services that act for them."""
 
     owner: str
     service: SandboxService
+    templates: TemplateService | None = None  # template builds; None where a plane has none
 
     @property
     def domain(self) -> str:

@@ -172,5 +172,6 @@ def test_states_are_an_enum_shared_with_the_lifecycle_table() -> None:
 
 
 def test_every_detail_field_is_written() -> None:
-    written = set(SandboxDetails(paused_memory=True, disk_mb=1024).to_dict())
+    details = SandboxDetails(paused_memory=True, disk_mb=1024, default_user="u", default_workdir="/w")
+    written = set(details.to_dict())
     assert written == {item.name for item in fields(SandboxDetails)}

@@ -7,7 +7,7 @@
 'use strict'
 
 const crypto = require('node:crypto')
-const { Sandbox, NotFoundError, SandboxError, AuthenticationError } = require('e2b')
+const { Sandbox, NotFoundError, SandboxError, AuthenticationError, Template, BuildError, waitForPort } = require('e2b')
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 
@@ -771,6 +771,61 @@ scenarios['sandbox/signed-urls'] = async () => {
     return result
   } finally {
     await sbx.kill()
+  }
+}
+
+const TEMPLATE_PROBE =
+  'cat copied.txt built.txt; echo $TPL_VAR; pwd; whoami; curl -s -o /dev/null -w %{http_code} 127.0.0.1:8000'
+
+scenarios['sandbox/template-build'] = async (work) => {
+  const fs = require('node:fs')
+  const path = require('node:path')
+  const context = path.join(work, 'template-context')
+  fs.mkdirSync(context, { recursive: true })
+  fs.writeFileSync(path.join(context, 'copied.txt'), 'copied file\n')
+  const name = `conf-${crypto.randomBytes(6).toString('hex')}`
+  const template = Template({ fileContextPath: context })
+    .fromBaseImage()
+    .setWorkdir('/home/user/app')
+    .copy('copied.txt', './')
+    .setEnvs({ TPL_VAR: 'from-template' })
+    .runCmd('echo built > built.txt')
+    .setStartCmd('python3 -m http.server 8000 --bind 127.0.0.1', waitForPort(8000))
+  const result = {}
+  const info = await Template.build(template, name, { tags: ['t1'], cpuCount: 1, memoryMB: 512 })
+  try {
+    result.build_tags = info.tags
+    result.exists = [await Template.exists(name), await Template.exists(`${name}-missing`)]
+    const sbx = await Sandbox.create(`${name}:t1`, { timeoutMs: 120_000 })
+    try {
+      result.probe = (await sbx.commands.run(TEMPLATE_PROBE)).stdout.split(/\s+/).filter(Boolean)
+      result.template_id = (await sbx.getInfo()).templateId === info.templateId
+    } finally {
+      await sbx.kill()
+    }
+    result.assigned = (await Template.assignTags(`${name}:t1`, ['t2'])).tags
+    result.tags = (await Template.getTags(name)).map((tag) => tag.tag).sort()
+    await Template.removeTags(name, ['t1'])
+    result.tags_after = (await Template.getTags(name)).map((tag) => tag.tag).sort()
+    try {
+      await Template.build(Template().fromBaseImage().runCmd('echo step-output; exit 4'), `${name}-broken`)
+      result.failure = 'built'
+    } catch (err) {
+      if (!(err instanceof BuildError)) throw err
+      result.failure = String(err.message)
+    }
+    result.deleted = await Sandbox.deleteSnapshot(info.templateId)
+    try {
+      await (await Sandbox.create(`${name}:t2`, { timeoutMs: 60_000 })).kill()
+      result.after_delete = 'created'
+    } catch (err) {
+      if (!(err instanceof SandboxError)) throw err
+      result.after_delete = String(err.message).slice(0, 3)
+    }
+    return result
+  } finally {
+    await Sandbox.deleteSnapshot(info.templateId)
+    await Sandbox.deleteSnapshot(`${name}-broken`)
   }
 }
 

@@ -23,7 +23,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from e2b import AsyncSandbox, AuthenticationException, NotFoundException, SandboxException, SandboxQuery, SandboxState
+from e2b import (
+    AsyncSandbox,
+    AsyncTemplate,
+    AuthenticationException,
+    BuildException,
+    NotFoundException,
+    SandboxException,
+    SandboxQuery,
+    SandboxState,
+    TemplateBuildStatus,
+    wait_for_port,
+)
 from e2b.sandbox.commands.command_handle import PtySize
 
 Scenario = Callable[[str], Awaitable[dict[str, Any]]]
@@ -766,6 +777,76 @@ async def _signed_urls(work: str) -> dict[str, Any]:
         return result
     finally:
         await sbx.kill()
+
+
+def _template_context(work: str) -> str:
+    context = Path(work) / "template-context"
+    context.mkdir(parents=True, exist_ok=True)
+    (context / "copied.txt").write_text("copied file\n")
+    return str(context)
+
+
+TEMPLATE_PROBE = "cat copied.txt built.txt; echo $TPL_VAR; pwd; whoami; curl -s -o /dev/null -w %{http_code} 127.0.0.1:8000"
+
+
+async def _finished(info: Any) -> tuple[str, int]:
+    """Poll a background build as its users do, reading the logs as they come; (status, log count)."""
+    offset = 0
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        status = await AsyncTemplate.get_build_status(info, logs_offset=offset)
+        offset += len(status.log_entries)
+        if status.status in (TemplateBuildStatus.READY, TemplateBuildStatus.ERROR):
+            return status.status.value, offset
+        await asyncio.sleep(0.2)
+    return "timeout", offset
+
+
+@scenario("sandbox/template-build")
+async def _template_build(work: str) -> dict[str, Any]:
+    name = f"conf-{uuid.uuid4().hex[:12]}"
+    template = (
+        AsyncTemplate(file_context_path=_template_context(work))
+        .from_base_image()
+        .set_workdir("/home/user/app")
+        .copy("copied.txt", "./")
+        .set_envs({"TPL_VAR": "from-template"})
+        .run_cmd("echo built > built.txt")
+        .set_start_cmd("python3 -m http.server 8000 --bind 127.0.0.1", wait_for_port(8000))
+    )
+    result: dict[str, Any] = {}
+    info = await AsyncTemplate.build_in_background(template, name, tags=["t1"], cpu_count=1, memory_mb=512)
+    try:
+        status, logs = await _finished(info)
+        result["build_tags"] = info.tags if status == "ready" else [status]
+        result["logs_read"] = logs > 0
+        result["exists"] = [await AsyncTemplate.exists(name), await AsyncTemplate.exists(name + "-missing")]
+        sbx = await AsyncSandbox.create(f"{name}:t1", timeout=120)
+        try:
+            result["probe"] = (await sbx.commands.run(TEMPLATE_PROBE)).stdout.split()
+            result["template_id"] = (await sbx.get_info()).template_id == info.template_id
+        finally:
+            await sbx.kill()
+        result["assigned"] = (await AsyncTemplate.assign_tags(f"{name}:t1", ["t2"])).tags
+        result["tags"] = sorted(tag.tag for tag in await AsyncTemplate.get_tags(name))
+        await AsyncTemplate.remove_tags(name, ["t1"])
+        result["tags_after"] = sorted(tag.tag for tag in await AsyncTemplate.get_tags(name))
+        try:
+            broken = AsyncTemplate().from_base_image().run_cmd("echo step-output; exit 4")
+            await AsyncTemplate.build(broken, name + "-broken")
+            result["failure"] = "built"
+        except BuildException as exc:
+            result["failure"] = str(exc)
+        result["deleted"] = await AsyncSandbox.delete_snapshot(info.template_id)
+        try:
+            await (await AsyncSandbox.create(f"{name}:t2", timeout=60)).kill()
+            result["after_delete"] = "created"
+        except SandboxException as exc:  # a create's 404 is the client's generic error
+            result["after_delete"] = str(exc)[:3]
+        return result
+    finally:
+        await AsyncSandbox.delete_snapshot(info.template_id)
+        await AsyncSandbox.delete_snapshot(name + "-broken")
 
 
 def main() -> None:

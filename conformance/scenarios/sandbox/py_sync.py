@@ -22,7 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from e2b import AuthenticationException, NotFoundException, Sandbox, SandboxException, SandboxQuery, SandboxState
+from e2b import (
+    AuthenticationException,
+    BuildException,
+    NotFoundException,
+    Sandbox,
+    SandboxException,
+    SandboxQuery,
+    SandboxState,
+    Template,
+    wait_for_port,
+)
 from e2b.sandbox.commands.command_handle import PtySize
 
 SCENARIOS: dict[str, Callable[[str], dict[str, Any]]] = {}
@@ -729,6 +739,60 @@ def _signed_urls(work: str) -> dict[str, Any]:
         return result
     finally:
         sbx.kill()
+
+
+def _template_context(work: str) -> str:
+    context = Path(work) / "template-context"
+    context.mkdir(parents=True, exist_ok=True)
+    (context / "copied.txt").write_text("copied file\n")
+    return str(context)
+
+
+TEMPLATE_PROBE = "cat copied.txt built.txt; echo $TPL_VAR; pwd; whoami; curl -s -o /dev/null -w %{http_code} 127.0.0.1:8000"
+
+
+@scenario("sandbox/template-build")
+def _template_build(work: str) -> dict[str, Any]:
+    name = f"conf-{uuid.uuid4().hex[:12]}"
+    template = (
+        Template(file_context_path=_template_context(work))
+        .from_base_image()
+        .set_workdir("/home/user/app")
+        .copy("copied.txt", "./")
+        .set_envs({"TPL_VAR": "from-template"})
+        .run_cmd("echo built > built.txt")
+        .set_start_cmd("python3 -m http.server 8000 --bind 127.0.0.1", wait_for_port(8000))
+    )
+    result: dict[str, Any] = {}
+    info = Template.build(template, name, tags=["t1"], cpu_count=1, memory_mb=512)
+    try:
+        result["build_tags"] = info.tags
+        result["exists"] = [Template.exists(name), Template.exists(name + "-missing")]
+        sbx = Sandbox.create(f"{name}:t1", timeout=120)
+        try:
+            result["probe"] = sbx.commands.run(TEMPLATE_PROBE).stdout.split()
+            result["template_id"] = sbx.get_info().template_id == info.template_id
+        finally:
+            sbx.kill()
+        result["assigned"] = Template.assign_tags(f"{name}:t1", ["t2"]).tags
+        result["tags"] = sorted(tag.tag for tag in Template.get_tags(name))
+        Template.remove_tags(name, ["t1"])
+        result["tags_after"] = sorted(tag.tag for tag in Template.get_tags(name))
+        try:
+            Template.build(Template().from_base_image().run_cmd("echo step-output; exit 4"), name + "-broken")
+            result["failure"] = "built"
+        except BuildException as exc:
+            result["failure"] = str(exc)
+        result["deleted"] = Sandbox.delete_snapshot(info.template_id)
+        try:
+            Sandbox.create(f"{name}:t2", timeout=60).kill()
+            result["after_delete"] = "created"
+        except SandboxException as exc:  # a create's 404 is the client's generic error
+            result["after_delete"] = str(exc)[:3]
+        return result
+    finally:
+        Sandbox.delete_snapshot(info.template_id)
+        Sandbox.delete_snapshot(name + "-broken")
 
 
 def main() -> None:
