@@ -43,6 +43,18 @@ ALL = ("py-sync", "py-async", "js")
 # Every scenario creates its sandbox and kills it in ``finally``.
 LIFE = ("control.sandboxes.create", "control.sandboxes.kill")
 START = "envd.process.Start"
+# What the clients' Template builders call, all scoped to the key's owner.
+TEMPLATE_OPERATIONS = (
+    "control.templates.create",
+    "control.templates.files_upload_link",
+    "control.templates.build_start",
+    "control.templates.build_status",
+    "control.templates.alias_exists",
+    "control.templates.delete",
+    "control.tags.assign",
+    "control.tags.list",
+    "control.tags.remove",
+)
 UPLOAD, DOWNLOAD = "envd.http.files_upload", "envd.http.files_download"
 EXECUTE = "interpreter.execute"
 CONTEXTS = (
@@ -356,24 +368,16 @@ CASES: tuple[Case, ...] = (
     _sandbox(
         "sandbox/template-build",
         ALL,
-        (
-            "control.templates.create",
-            "control.templates.files_upload_link",
-            "control.templates.build_start",
-            "control.templates.build_status",
-            "control.templates.alias_exists",
-            "control.templates.delete",
-            "control.tags.assign",
-            "control.tags.list",
-            "control.tags.remove",
-            START,
-        ),
+        (*TEMPLATE_OPERATIONS, START),
         sandbox_checks.sandbox_template_build,
+        second_owner=True,
         fields=(
             *on("control.templates.create", "body.name", "body.tags", "body.cpuCount", "body.memoryMB"),
+            *(f"{op}:header.X-API-Key" for op in TEMPLATE_OPERATIONS),
             *on(
                 "control.templates.build_start",
                 "body.fromImage",
+                "body.fromTemplate",
                 "body.force",
                 "body.startCmd",
                 "body.readyCmd",

@@ -334,8 +334,14 @@ def sandbox_template_build(r: dict[str, Any], work: str) -> None:
     assert r["exists"] == [True, False], f"Template.exists(name, name-missing) gave {r['exists']}"
     probe = r["probe"]
     expected = ["copied", "file", "built", "from-template", "/home/user/app", "user", "200"]
-    assert probe == expected, f"a sandbox of the template holds {probe}, not {expected} (copy, run, env, workdir, user, start)"
+    assert probe == expected, (
+        f"a sandbox of the template holds {probe}, not {expected} (copy, run, env, workdir, user, start)"
+    )
     assert r["template_id"] is True, "the sandbox reports another templateID than the build's"
+    assert r["child"] == ["built", "child", "/home/user/app"], f"a build from the template holds {r['child']}"
+    assert r["other_exists"] is False, "another owner's Template.exists sees the template"
+    assert r["other_create"] == "404", f"another owner's create of the template gave {r['other_create']!r}"
+    assert r["other_tags"] == "404", f"another owner's get_tags of the template gave {r['other_tags']!r}"
     assert r["assigned"] == ["t2"]
     assert r["tags"] == ["t1", "t2"], f"tags after assigning t2: {r['tags']}"
     assert r["tags_after"] == ["t2"], f"tags after removing t1: {r['tags_after']}"

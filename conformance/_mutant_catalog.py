@@ -36,6 +36,7 @@ FOREGROUND = "envd/commands/foreground"
 LIST_STAT = "envd/files/list-stat-exists"
 MKDIR = "envd/files/make-dir-rename-remove"
 KILL = "envd/commands/kill"
+TEMPLATE_BUILD = "sandbox/lifecycle/template-build"
 
 MUTANTS: tuple[Mutant, ...] = (
     # --- the control plane: status codes, bodies, defaults, lists ---------------------------------
@@ -571,5 +572,30 @@ MUTANTS: tuple[Mutant, ...] = (
         "    except FileNotFoundError:\n",
         "make_dir below a file answers code unknown with the implementation's errno text",
         ("envd/errors/messages",),
+    ),
+    Mutant(
+        "server/templates/env-not-applied",
+        SERVICE,
+        "env_vars = {**(built.config.env if built else {}), **request.env_vars}",
+        "env_vars = dict(request.env_vars)",
+        "a sandbox of a built template lacks the environment its set_envs step gave it",
+        (TEMPLATE_BUILD,),
+    ),
+    Mutant(
+        "server/templates/start-command-skipped",
+        SERVICE,
+        "                    await start_command(self.agent_sessions, self.settings.agent_port, record, built, "
+        "envd_token)",
+        "                    pass",
+        "a create of a template with a start command answers before (and without) starting it",
+        (TEMPLATE_BUILD,),
+    ),
+    Mutant(
+        "server/templates/tags-not-moved",
+        "reference_server/_builder.py",
+        "await self._store.finish_build(building, layer, config, job.tags, self._clock())",
+        "await self._store.finish_build(building, layer, config, (), self._clock())",
+        "a finished build gets none of the tags it was asked for, so name:tag names nothing",
+        (TEMPLATE_BUILD,),
     ),
 )

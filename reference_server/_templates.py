@@ -16,6 +16,7 @@ on the connection the other stores share would take their statements in with it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import string
@@ -226,6 +227,9 @@ class TemplateStore:
 
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
+        # One connection, many tasks: a statement of one task between another's BEGIN and COMMIT
+        # would join (or be refused by) that transaction, so every use takes this lock.
+        self._lock = asyncio.Lock()
 
     @classmethod
     async def open(cls, path: Path, *, busy_timeout_ms: int = 5000) -> TemplateStore:
@@ -243,37 +247,44 @@ class TemplateStore:
         await self._db.close()
 
     async def _transaction(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
-        await self._db.execute("BEGIN IMMEDIATE")
-        try:
-            for sql, parameters in statements:
-                await self._db.execute(sql, parameters)
-        except BaseException:
-            await self._db.execute("ROLLBACK")
-            raise
-        await self._db.execute("COMMIT")
+        async with self._lock:
+            await self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, parameters in statements:
+                    await self._db.execute(sql, parameters)
+            except BaseException:
+                await self._db.execute("ROLLBACK")
+                raise
+            await self._db.execute("COMMIT")
+
+    async def _execute(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] = ()) -> int:
+        """One statement on its own; the rows it changed."""
+        async with self._lock:
+            cursor = await self._db.execute(sql, parameters)
+            return int(cursor.rowcount)
+
+    async def _fetchall(self, sql: str, parameters: Sequence[Any] = ()) -> list[Sequence[Any]]:
+        async with self._lock:
+            return [tuple(row) for row in await self._db.execute_fetchall(sql, parameters)]
 
     # -- templates -------------------------------------------------------------------
 
     async def template_by_name(self, owner: str, name: str) -> TemplateRecord | None:
-        rows = list(
-            await self._db.execute_fetchall(
-                f"SELECT {_TEMPLATE_COLUMNS} FROM templates WHERE owner = ? AND name = ?",  # noqa: S608 - constant
-                (owner, name),
-            )
+        rows = await self._fetchall(
+            f"SELECT {_TEMPLATE_COLUMNS} FROM templates WHERE owner = ? AND name = ?",  # noqa: S608 - constant
+            (owner, name),
         )
         return _template_row(rows[0]) if rows else None
 
     async def template(self, template_id: str) -> TemplateRecord | None:
-        rows = list(
-            await self._db.execute_fetchall(
-                f"SELECT {_TEMPLATE_COLUMNS} FROM templates WHERE template_id = ?",  # noqa: S608 - constant
-                (template_id,),
-            )
+        rows = await self._fetchall(
+            f"SELECT {_TEMPLATE_COLUMNS} FROM templates WHERE template_id = ?",  # noqa: S608 - constant
+            (template_id,),
         )
         return _template_row(rows[0]) if rows else None
 
     async def templates(self, owner: str) -> list[TemplateRecord]:
-        rows = await self._db.execute_fetchall(
+        rows = await self._fetchall(
             f"SELECT {_TEMPLATE_COLUMNS} FROM templates WHERE owner = ? ORDER BY created_at, template_id",  # noqa: S608
             (owner,),
         )
@@ -333,13 +344,13 @@ class TemplateStore:
         await self._transaction(statements)
 
     async def set_public(self, template_id: str, public: bool, now: datetime) -> None:
-        await self._db.execute(
+        await self._execute(
             "UPDATE templates SET public = ?, updated_at = ? WHERE template_id = ?",
             (int(public), format_time(now), template_id),
         )
 
     async def count_spawn(self, template_id: str, now: datetime) -> None:
-        await self._db.execute(
+        await self._execute(
             "UPDATE templates SET spawn_count = spawn_count + 1, last_spawned_at = ? WHERE template_id = ?",
             (format_time(now), template_id),
         )
@@ -363,48 +374,46 @@ class TemplateStore:
     # -- builds ------------------------------------------------------------------------
 
     async def build(self, build_id: str) -> BuildRecord | None:
-        rows = list(
-            await self._db.execute_fetchall(
-                f"SELECT {_BUILD_COLUMNS} FROM builds WHERE build_id = ?",  # noqa: S608 - constant
-                (build_id,),
-            )
+        rows = await self._fetchall(
+            f"SELECT {_BUILD_COLUMNS} FROM builds WHERE build_id = ?",  # noqa: S608 - constant
+            (build_id,),
         )
         return _build_row(rows[0]) if rows else None
 
     async def builds(self, template_id: str) -> list[BuildRecord]:
-        rows = await self._db.execute_fetchall(
+        rows = await self._fetchall(
             f"SELECT {_BUILD_COLUMNS} FROM builds WHERE template_id = ? ORDER BY created_at, build_id",  # noqa: S608
             (template_id,),
         )
         return [_build_row(row) for row in rows]
 
     async def unfinished_builds(self) -> list[BuildRecord]:
-        rows = await self._db.execute_fetchall(
+        rows = await self._fetchall(
             f"SELECT {_BUILD_COLUMNS} FROM builds WHERE status IN ('waiting', 'building')",  # noqa: S608 - constant
         )
         return [_build_row(row) for row in rows]
 
     async def start_build(self, build_id: str, spec: Mapping[str, Any], now: datetime) -> bool:
         """Record the build's steps; False when it was started before (each build runs once)."""
-        cursor = await self._db.execute(
+        changed = await self._execute(
             "UPDATE builds SET spec = ?, updated_at = ? WHERE build_id = ? AND status = 'waiting' AND spec IS NULL",
             (json.dumps(spec), format_time(now), build_id),
         )
-        return cursor.rowcount == 1
+        return changed == 1
 
     async def set_building(self, build_id: str, now: datetime) -> None:
-        await self._db.execute(
+        await self._execute(
             "UPDATE builds SET status = 'building', updated_at = ? WHERE build_id = ? AND status = 'waiting'",
             (format_time(now), build_id),
         )
 
     async def fail_build(self, build_id: str, reason: Mapping[str, Any], now: datetime) -> bool:
-        cursor = await self._db.execute(
+        changed = await self._execute(
             "UPDATE builds SET status = 'error', reason = ?, updated_at = ?, finished_at = ? "
             "WHERE build_id = ? AND status IN ('waiting', 'building')",
             (json.dumps(reason), format_time(now), format_time(now), build_id),
         )
-        return cursor.rowcount == 1
+        return changed == 1
 
     async def finish_build(
         self, build: BuildRecord, layer: str, config: BuildConfig, tags: Sequence[str], now: datetime
@@ -432,18 +441,16 @@ class TemplateStore:
     # -- tags --------------------------------------------------------------------------
 
     async def tags(self, template_id: str) -> list[TagRecord]:
-        rows = await self._db.execute_fetchall(
+        rows = await self._fetchall(
             "SELECT template_id, tag, build_id, created_at FROM tags WHERE template_id = ? ORDER BY created_at, tag",
             (template_id,),
         )
         return [TagRecord(str(r[0]), str(r[1]), str(r[2]), parse_time(str(r[3]))) for r in rows]
 
     async def tag(self, template_id: str, tag: str) -> TagRecord | None:
-        rows = list(
-            await self._db.execute_fetchall(
-                "SELECT template_id, tag, build_id, created_at FROM tags WHERE template_id = ? AND tag = ?",
-                (template_id, tag),
-            )
+        rows = await self._fetchall(
+            "SELECT template_id, tag, build_id, created_at FROM tags WHERE template_id = ? AND tag = ?",
+            (template_id, tag),
         )
         return (
             TagRecord(str(rows[0][0]), str(rows[0][1]), str(rows[0][2]), parse_time(str(rows[0][3]))) if rows else None
@@ -471,24 +478,22 @@ class TemplateStore:
     # -- logs --------------------------------------------------------------------------
 
     async def append_logs(self, build_id: str, entries: Sequence[BuildLog]) -> None:
+        """Entries after the build's last, numbered in one statement (no read of the count first)."""
         if not entries:
             return
-        rows = list(
-            await self._db.execute_fetchall(
-                "SELECT COALESCE(MAX(seq), -1) FROM build_logs WHERE build_id = ?", (build_id,)
-            )
-        )
-        first = int(rows[0][0]) + 1
-        await self._db.executemany(
-            "INSERT INTO build_logs (build_id, seq, timestamp, level, message, step) VALUES (?, ?, ?, ?, ?, ?)",
+        await self._transaction(
             [
-                (build_id, first + index, format_time(entry.timestamp), entry.level, entry.message, entry.step)
-                for index, entry in enumerate(entries)
-            ],
+                (
+                    "INSERT INTO build_logs (build_id, seq, timestamp, level, message, step) "
+                    "SELECT ?, COALESCE(MAX(seq), -1) + 1, ?, ?, ?, ? FROM build_logs WHERE build_id = ?",
+                    (build_id, format_time(entry.timestamp), entry.level, entry.message, entry.step, build_id),
+                )
+                for entry in entries
+            ]
         )
 
     async def logs(self, build_id: str, *, offset: int, limit: int) -> list[BuildLog]:
-        rows = await self._db.execute_fetchall(
+        rows = await self._fetchall(
             "SELECT timestamp, level, message, step FROM build_logs WHERE build_id = ? ORDER BY seq LIMIT ? OFFSET ?",
             (build_id, limit, offset),
         )
@@ -499,10 +504,8 @@ class TemplateStore:
     # -- the step cache and retired layers -------------------------------------------
 
     async def cached(self, owner: str, key: str) -> CacheEntry | None:
-        rows = list(
-            await self._db.execute_fetchall(
-                "SELECT key, layer, config FROM build_cache WHERE owner = ? AND key = ?", (owner, key)
-            )
+        rows = await self._fetchall(
+            "SELECT key, layer, config FROM build_cache WHERE owner = ? AND key = ?", (owner, key)
         )
         if not rows:
             return None
@@ -510,13 +513,13 @@ class TemplateStore:
 
     async def remember(self, owner: str, entry: CacheEntry, now: datetime, *, keep: int) -> list[str]:
         """Cache a layer under its key; returns the layers the oldest entries over ``keep`` held (retired)."""
-        await self._db.execute(
+        await self._execute(
             "INSERT INTO build_cache (owner, key, layer, config, created_at) VALUES (?, ?, ?, ?, ?) "
             "ON CONFLICT (owner, key) DO UPDATE SET layer = excluded.layer, config = excluded.config, "
             "created_at = excluded.created_at",
             (owner, entry.key, entry.layer, json.dumps(entry.config.to_dict()), format_time(now)),
         )
-        rows = await self._db.execute_fetchall(
+        rows = await self._fetchall(
             "SELECT key, layer FROM build_cache WHERE owner = ? ORDER BY created_at DESC, key LIMIT -1 OFFSET ?",
             (owner, keep),
         )
@@ -530,16 +533,16 @@ class TemplateStore:
 
     async def layers_in_use(self) -> set[str]:
         """Every layer a ready build or a cache entry names: never to be deleted."""
-        rows = await self._db.execute_fetchall(
+        rows = await self._fetchall(
             "SELECT layer FROM builds WHERE layer IS NOT NULL UNION SELECT layer FROM build_cache"
         )
         return {str(row[0]) for row in rows}
 
     async def retire(self, layers: Sequence[str]) -> None:
-        await self._db.executemany("INSERT OR IGNORE INTO retired_layers (layer) VALUES (?)", [(x,) for x in layers])
+        await self._transaction([("INSERT OR IGNORE INTO retired_layers (layer) VALUES (?)", (x,)) for x in layers])
 
     async def retired(self) -> list[str]:
-        return [str(row[0]) for row in await self._db.execute_fetchall("SELECT layer FROM retired_layers")]
+        return [str(row[0]) for row in await self._fetchall("SELECT layer FROM retired_layers")]
 
     async def forget_retired(self, layer: str) -> None:
-        await self._db.execute("DELETE FROM retired_layers WHERE layer = ?", (layer,))
+        await self._execute("DELETE FROM retired_layers WHERE layer = ?", (layer,))

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from contract import default_cache_root
+from contract import Artifact, ArtifactStore, default_cache_root
 
 from . import _kernels, _keys, _packages
 from ._commands import CHROOT_ENV, TemplateError, disk_usage, in_root, remove_tree, replace_file, run
@@ -205,6 +205,37 @@ def _add_user(rootfs: Path) -> None:
     in_root(rootfs, ["visudo", "--check", "--file", sudoers], "checking the sudoers entry")
 
 
+NPM_ARTIFACT = Artifact(
+    key="template-npm",
+    registry="npm",
+    name="npm",
+    version=_keys.NPM_VERSION,
+    filename=f"npm-{_keys.NPM_VERSION}.tgz",
+    sha256=_keys.NPM_SHA256,
+    integrity=_keys.NPM_INTEGRITY,
+    source="npm registry",
+)
+
+
+def _add_npm(rootfs: Path) -> None:
+    """The pinned npm tarball (verified by both digests) in /usr/lib/node_modules/npm, with npm and npx."""
+    tarball = ArtifactStore().open(NPM_ARTIFACT)
+    target = rootfs / "usr/lib/node_modules/npm"
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    # The registry's tarball holds everything under package/; owners become root's.
+    run(
+        ["tar", "-xzf", str(tarball.path), "-C", str(target), "--strip-components=1", "--no-same-owner"],
+        "unpacking npm",
+    )
+    for name, script in (("npm", "npm-cli.js"), ("npx", "npx-cli.js")):
+        link = rootfs / "usr/bin" / name
+        link.unlink(missing_ok=True)
+        link.symlink_to(f"../lib/node_modules/npm/bin/{script}")
+    in_root(rootfs, ["npm", "--version"], "checking npm with the rootfs node")
+
+
 def _trim(rootfs: Path) -> None:
     for pattern in ("var/cache/apt/archives/*.deb", "var/cache/apt/*.bin"):
         for path in rootfs.glob(pattern):
@@ -233,6 +264,8 @@ def _build_os(tmp: Path, recipe: Mapping[str, object], progress: Progress) -> di
         _debootstrap(rootfs, arch, mirror, out)
     with step(progress, f"adding {_keys.USER!r} ({_keys.USER_ID}:{_keys.USER_ID}) with passwordless sudo"):
         _add_user(rootfs)
+    with step(progress, f"adding npm {_keys.NPM_VERSION} from the npm registry"):
+        _add_npm(rootfs)
     with step(progress, "removing apt caches and the host's hostname and resolver"):
         _trim(rootfs)
     return {}

@@ -59,7 +59,16 @@ OS_PACKAGES = (
     "ca-certificates",
     "tini",  # the init the runtime runs as PID 1
     "iproute2",
+    # What the clients' default base image offers their builds: python, pip, node (npm below).
+    "python-is-python3",
+    "python3-pip",
+    "nodejs",
 )
+# npm from the npm registry, pinned (Debian's npm is some 350 packages of node modules; the
+# registry's tarball bundles its own): unpacked where Node's own distributions put it.
+NPM_VERSION = "10.9.2"  # needs node ^18.17: bookworm's nodejs is 18.20
+NPM_SHA256 = "5cd1e5ab971ea6333f910bc2d50700167c5ef4e66da279b2a3efc874c6b116e4"
+NPM_INTEGRITY = "sha512-iriPEPIkoMYUy3F6f3wwSZAU93E0Eg6cHwIR6jzzOXWSy+SD/rOODEs74cVONHKSx2obXtuUoyidVEhISrisgQ=="
 USER = "user"
 USER_ID = 1000
 USER_HOME = "/home/user"
@@ -129,6 +138,7 @@ def os_recipe(arch: str | None = None) -> dict[str, object]:
         "variant": VARIANT,
         "arch": arch if arch is not None else debian_arch(),
         "packages": sorted(OS_PACKAGES),
+        "npm": {"version": NPM_VERSION, "sha256": NPM_SHA256},
         "user": {"name": USER, "uid": USER_ID, "gid": USER_ID, "home": USER_HOME, "shell": USER_SHELL},
         "sudo": "NOPASSWD",
     }

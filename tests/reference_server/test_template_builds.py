@@ -496,3 +496,21 @@ async def test_deleting_a_template_cancels_its_build_and_ends_the_build_sandbox(
     assert await plane.backend.list() == []
     status = await plane.request("GET", f"/templates/{created['templateID']}/builds/{created['buildID']}/status")
     assert status.status_code == 404
+
+
+async def test_parallel_builds_and_tag_changes_of_one_server_do_not_collide(plane: BuildPlane) -> None:
+    """The clients of one server build at once (the harness runs three): every write must stay its own."""
+
+    async def one(index: int) -> dict[str, Any]:
+        created, info = await plane.build(f"par-{index}", [{"type": "RUN", "args": [f"step {index}"]}])
+        assert info["status"] == "ready", info
+        tagged = await plane.request("POST", "/templates/tags", json={"target": f"par-{index}", "tags": ["x", "y"]})
+        assert tagged.status_code == 201, tagged.text
+        removed = await plane.request("DELETE", "/templates/tags", json={"name": f"par-{index}", "tags": ["x"]})
+        assert removed.status_code == 204, removed.text
+        return created
+
+    created = await asyncio.gather(*(one(index) for index in range(12)))
+    for index, build in enumerate(created):
+        tags = await plane.request("GET", f"/templates/{build['templateID']}/tags")
+        assert sorted(t["tag"] for t in tags.json()) == ["default", "y"], index

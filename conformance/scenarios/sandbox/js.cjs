@@ -803,6 +803,29 @@ scenarios['sandbox/template-build'] = async (work) => {
     } finally {
       await sbx.kill()
     }
+    const child = Template().fromTemplate(`${name}:t1`).runCmd('echo child > child.txt')
+    await Template.build(child, `${name}-child`, { cpuCount: 1, memoryMB: 512 })
+    const childBox = await Sandbox.create(`${name}-child`, { timeoutMs: 120_000 })
+    try {
+      result.child = (await childBox.commands.run('cat built.txt child.txt; pwd')).stdout.split(/\s+/).filter(Boolean)
+    } finally {
+      await childBox.kill()
+    }
+    const second = process.env.SECOND_API_KEY // another owner sees none of it
+    result.other_exists = await Template.exists(name, { apiKey: second })
+    try {
+      await (await Sandbox.create(`${name}:t1`, { timeoutMs: 60_000, apiKey: second })).kill()
+      result.other_create = 'created'
+    } catch (err) {
+      if (!(err instanceof SandboxError)) throw err
+      result.other_create = String(err.message).slice(0, 3)
+    }
+    try {
+      await Template.getTags(name, { apiKey: second })
+      result.other_tags = 'listed'
+    } catch (err) {
+      result.other_tags = String(err.message).slice(0, 3)
+    }
     result.assigned = (await Template.assignTags(`${name}:t1`, ['t2'])).tags
     result.tags = (await Template.getTags(name)).map((tag) => tag.tag).sort()
     await Template.removeTags(name, ['t1'])
@@ -824,8 +847,9 @@ scenarios['sandbox/template-build'] = async (work) => {
     }
     return result
   } finally {
-    await Sandbox.deleteSnapshot(info.templateId)
-    await Sandbox.deleteSnapshot(`${name}-broken`)
+    for (const leftover of [`${name}-child`, info.templateId, `${name}-broken`]) {
+      await Sandbox.deleteSnapshot(leftover)
+    }
   }
 }
 

@@ -786,7 +786,9 @@ def _template_context(work: str) -> str:
     return str(context)
 
 
-TEMPLATE_PROBE = "cat copied.txt built.txt; echo $TPL_VAR; pwd; whoami; curl -s -o /dev/null -w %{http_code} 127.0.0.1:8000"
+TEMPLATE_PROBE = (
+    "cat copied.txt built.txt; echo $TPL_VAR; pwd; whoami; curl -s -o /dev/null -w %{http_code} 127.0.0.1:8000"
+)
 
 
 async def _finished(info: Any) -> tuple[str, int]:
@@ -827,6 +829,25 @@ async def _template_build(work: str) -> dict[str, Any]:
             result["template_id"] = (await sbx.get_info()).template_id == info.template_id
         finally:
             await sbx.kill()
+        child = AsyncTemplate().from_template(f"{name}:t1").run_cmd("echo child > child.txt")
+        await AsyncTemplate.build(child, name + "-child", cpu_count=1, memory_mb=512)
+        sbx = await AsyncSandbox.create(name + "-child", timeout=120)
+        try:
+            result["child"] = (await sbx.commands.run("cat built.txt child.txt; pwd")).stdout.split()
+        finally:
+            await sbx.kill()
+        second = os.environ["SECOND_API_KEY"]  # another owner sees none of it
+        result["other_exists"] = await AsyncTemplate.exists(name, api_key=second)
+        try:
+            await (await AsyncSandbox.create(f"{name}:t1", timeout=60, api_key=second)).kill()
+            result["other_create"] = "created"
+        except SandboxException as exc:
+            result["other_create"] = str(exc)[:3]
+        try:
+            await AsyncTemplate.get_tags(name, api_key=second)
+            result["other_tags"] = "listed"
+        except Exception as exc:  # noqa: BLE001 - the client's error for a 404, whatever its class
+            result["other_tags"] = str(exc)[:3]
         result["assigned"] = (await AsyncTemplate.assign_tags(f"{name}:t1", ["t2"])).tags
         result["tags"] = sorted(tag.tag for tag in await AsyncTemplate.get_tags(name))
         await AsyncTemplate.remove_tags(name, ["t1"])
@@ -845,8 +866,8 @@ async def _template_build(work: str) -> dict[str, Any]:
             result["after_delete"] = str(exc)[:3]
         return result
     finally:
-        await AsyncSandbox.delete_snapshot(info.template_id)
-        await AsyncSandbox.delete_snapshot(name + "-broken")
+        for leftover in (name + "-child", info.template_id, name + "-broken"):
+            await AsyncSandbox.delete_snapshot(leftover)
 
 
 def main() -> None:

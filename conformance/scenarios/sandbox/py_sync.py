@@ -748,7 +748,9 @@ def _template_context(work: str) -> str:
     return str(context)
 
 
-TEMPLATE_PROBE = "cat copied.txt built.txt; echo $TPL_VAR; pwd; whoami; curl -s -o /dev/null -w %{http_code} 127.0.0.1:8000"
+TEMPLATE_PROBE = (
+    "cat copied.txt built.txt; echo $TPL_VAR; pwd; whoami; curl -s -o /dev/null -w %{http_code} 127.0.0.1:8000"
+)
 
 
 @scenario("sandbox/template-build")
@@ -774,6 +776,25 @@ def _template_build(work: str) -> dict[str, Any]:
             result["template_id"] = sbx.get_info().template_id == info.template_id
         finally:
             sbx.kill()
+        child = Template().from_template(f"{name}:t1").run_cmd("echo child > child.txt")
+        Template.build(child, name + "-child", cpu_count=1, memory_mb=512)
+        sbx = Sandbox.create(name + "-child", timeout=120)
+        try:
+            result["child"] = sbx.commands.run("cat built.txt child.txt; pwd").stdout.split()
+        finally:
+            sbx.kill()
+        second = os.environ["SECOND_API_KEY"]  # another owner sees none of it
+        result["other_exists"] = Template.exists(name, api_key=second)
+        try:
+            Sandbox.create(f"{name}:t1", timeout=60, api_key=second).kill()
+            result["other_create"] = "created"
+        except SandboxException as exc:
+            result["other_create"] = str(exc)[:3]
+        try:
+            Template.get_tags(name, api_key=second)
+            result["other_tags"] = "listed"
+        except Exception as exc:  # noqa: BLE001 - the client's error for a 404, whatever its class
+            result["other_tags"] = str(exc)[:3]
         result["assigned"] = Template.assign_tags(f"{name}:t1", ["t2"]).tags
         result["tags"] = sorted(tag.tag for tag in Template.get_tags(name))
         Template.remove_tags(name, ["t1"])
@@ -791,8 +812,8 @@ def _template_build(work: str) -> dict[str, Any]:
             result["after_delete"] = str(exc)[:3]
         return result
     finally:
-        Sandbox.delete_snapshot(info.template_id)
-        Sandbox.delete_snapshot(name + "-broken")
+        for leftover in (name + "-child", info.template_id, name + "-broken"):
+            Sandbox.delete_snapshot(leftover)
 
 
 def main() -> None:

@@ -38,6 +38,8 @@ out = {}
 base = (
     Template(file_context_path=str(ctx))
     .from_base_image()
+    # What the clients' default base image offers a build (a missing tool fails this step).
+    .run_cmd("python --version && pip --version && node --version && npm --version && git --version && sudo -n true")
     .run_cmd("whoami > /home/user/build-user && pwd > /home/user/build-pwd")
     .run_cmd("mkdir -p /opt/rooted && touch /opt/rooted/made", user="root")
     .copy("hello.txt", "/home/user/copied/")
