@@ -508,7 +508,8 @@ async def test_parallel_builds_and_tag_changes_of_one_server_do_not_collide(plan
         assert tagged.status_code == 201, tagged.text
         removed = await plane.request("DELETE", "/templates/tags", json={"name": f"par-{index}", "tags": ["x"]})
         assert removed.status_code == 204, removed.text
-        return created
+        ids: dict[str, Any] = created
+        return ids
 
     created = await asyncio.gather(*(one(index) for index in range(12)))
     for index, build in enumerate(created):
