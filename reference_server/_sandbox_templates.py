@@ -2,7 +2,8 @@
 
 A create's ``templateID`` names one of the server's templates, one of the owner's built
 templates (its id or ``name[:tag]``: the runtime starts the ready build's layer), or a snapshot,
-which may stand on either; the chain of snapshots is followed down to say which server template
+which may stand on either (or on a template deleted since: it stands alone then, as upstream's
+snapshots do); the chain of snapshots is followed down to say which server template
 is at the bottom (its memory floor applies) and which built template (its user, working
 directory, environment and start command apply). A built template's start command is started
 and its ready command run until it passes before the create answers (``START_READY_TIMEOUT_S``).
@@ -66,6 +67,8 @@ async def resolve_template(
             return Resolved(asked, found.config.root, found)
         snapshot = await snapshots.get(template_id)
         if snapshot is None or snapshot.owner != owner:
+            if template_id != asked:  # a snapshot of a template deleted since: the snapshot stands alone
+                return Resolved(asked, template_id)
             raise ApiError(404, text.TEMPLATE_NOT_FOUND.format(template=template_id))
         seen.add(template_id)
         if snapshot.template_id in seen:  # never written so; a loop must not hang a create

@@ -515,3 +515,14 @@ async def test_parallel_builds_and_tag_changes_of_one_server_do_not_collide(plan
     for index, build in enumerate(created):
         tags = await plane.request("GET", f"/templates/{build['templateID']}/tags")
         assert sorted(t["tag"] for t in tags.json()) == ["default", "y"], index
+
+
+async def test_a_snapshot_outlives_the_template_its_sandbox_came_from(plane: BuildPlane) -> None:
+    created, _info = await plane.build("source", [{"type": "RUN", "args": ["x"]}])
+    sandbox = await plane.request("POST", "/sandboxes", json={"templateID": "source"})
+    snapshot = await plane.request("POST", f"/sandboxes/{sandbox.json()['sandboxID']}/snapshots", json={})
+    assert snapshot.status_code == 201, snapshot.text
+    await plane.request("DELETE", f"/sandboxes/{sandbox.json()['sandboxID']}")
+    assert (await plane.request("DELETE", f"/templates/{created['templateID']}")).status_code == 204
+    again = await plane.request("POST", "/sandboxes", json={"templateID": snapshot.json()["snapshotID"]})
+    assert again.status_code == 201, again.text
