@@ -42,6 +42,18 @@ LINT_PATHS = [
     "noxfile.py",
 ]
 
+# Debian packages only the tests use → the file that shows each is installed: the OCI registry
+# the image-template tests start and push to (tests/registry.py).
+TEST_PACKAGES = {"docker-registry": "/usr/bin/docker-registry"}
+
+
+def _test_packages(session: nox.Session) -> None:
+    missing = [package for package, marker in TEST_PACKAGES.items() if not Path(marker).exists()]
+    if missing:
+        env = {"DEBIAN_FRONTEND": "noninteractive"}
+        session.run("apt-get", "update", "-qq", external=True, env=env)
+        session.run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, external=True, env=env)
+
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
@@ -49,6 +61,7 @@ def tests(session: nox.Session) -> None:
     session.install("-e", ".[contract,dev]")
     if os.geteuid() == 0:  # every backend's sandboxes need host packages (and crun a cgroup fix); say what is done
         session.run("e2b-compat", "host", "prepare", "--backend", "all")
+        _test_packages(session)
     # The slowest tests in the closing summary: CI's time budget is spent where this says.
     session.run("pytest", "--durations=40", *session.posargs)
 

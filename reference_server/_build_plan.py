@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from runtime.templates import ImageError, RegistryCredentials, parse_reference
+
 from ._errors import ApiError
 from ._templates import BuildConfig
 
@@ -88,7 +90,12 @@ class BuildPlan:
     force: bool = False
     start_cmd: str | None = None
     ready_cmd: str | None = None
-    registry: Mapping[str, Any] | None = field(default=None, repr=False)  # may hold a password
+    credentials: RegistryCredentials | None = field(default=None, repr=False)  # for from_image, never stored
+
+    @property
+    def from_base(self) -> bool:
+        """The clients' default base image, which is this server's ``base`` template."""
+        return self.from_image is not None and self.from_image in BASE_IMAGES
 
 
 def _refuse(message: str) -> ApiError:
@@ -161,18 +168,14 @@ def parse_plan(body: Mapping[str, Any]) -> BuildPlan:
         from_template = _text(from_template, "fromTemplate").strip()
     if bool(from_image) == bool(from_template):
         raise _refuse("give exactly one of fromImage and fromTemplate")
-    if registry is not None:
-        kind = registry.get("type") if isinstance(registry, dict) else None
-        if kind in ("aws", "gcp"):
-            raise _refuse(f"{kind.upper()} registry credentials are a cloud service this server cannot use")
-        if kind != "registry":
-            raise _refuse("fromImageRegistry type must be registry, aws or gcp")
-    if from_image is not None and from_image not in BASE_IMAGES:
-        raise ApiError(
-            400,
-            f"Images from registries are not served here yet ({from_image[:200]!r}): build from the base image "
-            "(from_base_image()) or from a template (from_template())",
-        )
+    credentials = _credentials(registry) if registry is not None else None
+    if credentials is not None and not from_image:
+        raise _refuse("fromImageRegistry goes with fromImage")
+    if from_image and from_image not in BASE_IMAGES:
+        try:
+            parse_reference(from_image)
+        except ImageError as exc:
+            raise _refuse(str(exc)) from None
     steps_raw = body.get("steps") or []
     if not isinstance(steps_raw, list):
         raise _refuse("steps must be a list")
@@ -188,8 +191,25 @@ def parse_plan(body: Mapping[str, Any]) -> BuildPlan:
         force=bool(body.get("force") or False),
         start_cmd=None if start_cmd in (None, "") else _text(start_cmd, "startCmd"),
         ready_cmd=None if ready_cmd in (None, "") else _text(ready_cmd, "readyCmd"),
-        registry=registry,
+        credentials=credentials,
     )
+
+
+def _credentials(registry: object) -> RegistryCredentials:
+    kind = registry.get("type") if isinstance(registry, dict) else None
+    if kind in ("aws", "gcp"):
+        raise _refuse(
+            f"{str(kind).upper()} registry credentials are a cloud service this server cannot use: "
+            "give the image's registry username and password (from_image(..., username=, password=))"
+        )
+    if kind != "registry" or not isinstance(registry, dict):
+        raise _refuse("fromImageRegistry type must be registry, aws or gcp")
+    username, password = registry.get("username"), registry.get("password")
+    if not isinstance(username, str) or not isinstance(password, str) or not username or not password:
+        raise _refuse("fromImageRegistry of type registry needs a username and a password")
+    if ":" in username or any(ord(ch) < 32 for ch in username + password):
+        raise _refuse("the registry username may not hold ':' or control characters")
+    return RegistryCredentials(username, password)
 
 
 # -- cache keys ---------------------------------------------------------------------------

@@ -31,7 +31,6 @@ from runtime.backend import Limits, SandboxRuntimeError, SandboxSpec
 from ._agent_session import AgentCallError, AgentCalls, start_and_wait
 from ._build_files import BuildFiles
 from ._build_plan import (
-    BASE_IMAGES,
     BuildPlan,
     Step,
     after_env,
@@ -48,6 +47,7 @@ from ._build_plan import (
 )
 from ._errors import ApiError
 from ._events import rfc3339
+from ._image_source import ImageSource, ImageSourceError
 from ._sandboxes import SandboxService, new_sandbox_id
 from ._templates import BuildConfig, BuildLog, BuildRecord, CacheEntry, TemplateRecord, TemplateStore
 
@@ -166,8 +166,10 @@ class Builder:
         concurrency: int = 2,
         timeout_s: float = 3600.0,
         clock: Callable[[], datetime] | None = None,
+        images: ImageSource | None = None,
     ) -> None:
         self._service = service
+        self._images = images
         self._store = store
         self._files = files
         self._resolve = resolve
@@ -227,12 +229,26 @@ class Builder:
 
     # -- the build -----------------------------------------------------------------------
 
-    async def _base(self, job: Job) -> tuple[str, BuildConfig]:
+    async def _base(self, job: Job, logbook: _Log) -> tuple[str, BuildConfig]:
         plan, settings = job.plan, self._service.settings
-        if plan.from_image is not None:
-            if plan.from_image not in BASE_IMAGES or "base" not in settings.templates:
-                raise BuildFailedError("base", f"this server cannot build from the image {plan.from_image!r}")
+        if plan.from_image is not None and plan.from_base:
+            if "base" not in settings.templates:
+                raise BuildFailedError("base", f"this server does not serve the base image {plan.from_image!r}")
             return "base", BuildConfig(root="base")
+        if plan.from_image is not None:
+            if self._images is None:
+                raise BuildFailedError("base", f"this server pulls no images ({plan.from_image!r})")
+
+            async def say(line: str) -> None:
+                await logbook.write("info", line, "base")
+
+            try:
+                pulled = await self._images.pull(plan.from_image, plan.credentials, say)
+            except ImageSourceError as exc:
+                raise BuildFailedError("base", f"Pulling {plan.from_image} failed: {exc}") from None
+            # The image's own environment (PATH above all) is what its programs expect; its
+            # working directory and user are not carried: steps run as ``user`` in its home.
+            return pulled.layer, BuildConfig(root=pulled.layer, env=dict(pulled.env))
         reference = plan.from_template or ""
         if reference in settings.templates:
             return reference, BuildConfig(root=reference)
@@ -244,8 +260,8 @@ class Builder:
 
     async def _build(self, job: Job, logbook: _Log) -> tuple[str, BuildConfig]:
         plan, owner = job.plan, job.template.owner
-        layer, config = await self._base(job)
         await logbook.write("info", f"Base: {plan.from_image or plan.from_template}", "base")
+        layer, config = await self._base(job, logbook)
         key = base_key(layer, config)
         first = 0
         total = len(plan.steps)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.backends import serving_backends
+from runtime.templates import RegistrySettings, parse_mirror
 
 from ._keys import validate_owner
 from ._routing import parse_domain
@@ -110,6 +111,13 @@ class ServerConfig:
         "false: no sandbox reaches the internet; requests asking for it are accepted and get none. "
         "true: each sandbox's own setting decides.",
     )
+    registry_mirrors: tuple[str, ...] = _setting(
+        (), "Image registry mirrors, registry=mirror each (tried in order before the registry itself)."
+    )
+    insecure_registries: tuple[str, ...] = _setting(
+        (), "Registries (host[:port]) pulled from over plain HTTP; loopback registries always are."
+    )
+    max_parallel_builds: int = _setting(2, "Template builds running at once; more wait in a queue.")
     log_level: str = _setting("info", f"One of {', '.join(LOG_LEVELS)}.")
     request_head_timeout_seconds: float = _setting(
         10.0, "A client connection is dropped if its TLS handshake and request head take longer, seconds."
@@ -131,6 +139,13 @@ class ServerConfig:
     memory_overcommit: float = _setting(
         4.0, "Running sandboxes' memory together stays within the host's MemTotal times this; more get 429."
     )
+
+    def registry_settings(self) -> RegistrySettings:
+        mirrors: dict[str, tuple[str, ...]] = {}
+        for entry in self.registry_mirrors:
+            registry, mirror = parse_mirror(entry)
+            mirrors[registry] = (*mirrors.get(registry, ()), mirror)
+        return RegistrySettings(mirrors=mirrors, insecure=self.insecure_registries)
 
     def __post_init__(self) -> None:
         for item in dataclasses.fields(self):
@@ -269,6 +284,24 @@ def _check_templates(value: object) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _check_mirrors(value: object) -> tuple[str, ...]:
+    if not isinstance(value, tuple | list):
+        raise ValueError(f"expected a list of registry=mirror entries, got {type(value).__name__} {value!r}")
+    for entry in value:
+        _check_type(entry, str)
+        parse_mirror(entry)  # ValueError says what is wrong
+    return tuple(value)
+
+
+def _check_registries(value: object) -> tuple[str, ...]:
+    if not isinstance(value, tuple | list):
+        raise ValueError(f"expected a list of registry hosts, got {type(value).__name__} {value!r}")
+    for entry in value:
+        _check_type(entry, str)
+        parse_mirror(f"{entry}={entry}")  # the same host[:port] rule
+    return tuple(value)
+
+
 def _check_owner(value: object) -> str:
     _check_type(value, str)
     assert isinstance(value, str)
@@ -297,6 +330,9 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "reaper_interval_seconds": _seconds_in(0.01, 3600),
     "metrics_interval_seconds": _seconds_in(0.1, 3600),
     "egress_enabled": _check_bool,
+    "registry_mirrors": _check_mirrors,
+    "insecure_registries": _check_registries,
+    "max_parallel_builds": _int_in(1, 64),
     "log_level": _one_of(LOG_LEVELS, fold=True),
     "request_head_timeout_seconds": _seconds_in(0.1, 600),
     "max_connections": _int_in(0, 1_000_000),
@@ -325,6 +361,9 @@ _FIELD_TYPES: dict[str, str] = {
     "reaper_interval_seconds": "float",
     "metrics_interval_seconds": "float",
     "egress_enabled": "bool",
+    "registry_mirrors": "list",
+    "insecure_registries": "list",
+    "max_parallel_builds": "int",
     "log_level": "str",
     "request_head_timeout_seconds": "float",
     "max_connections": "int",

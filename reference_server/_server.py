@@ -44,6 +44,7 @@ from ._control_plane import create_control_plane
 from ._credentials import TokenVault, load_or_create_master_key
 from ._edge import Edge
 from ._files import replace_file
+from ._image_source import RegistryImages
 from ._keys import KeyStore, ensure_key
 from ._metrics import MetricsBook
 from ._proxy import SandboxProxy
@@ -187,6 +188,8 @@ async def open_server(
             sandboxes=service,
             store=template_store,
             files=BuildFiles(config.data_dir / "template-files", max_bytes=BUILD_UPLOAD_MAX_BYTES),
+            concurrency=config.max_parallel_builds,
+            images=RegistryImages(config.registry_settings()),
         )
         service.built = builds
         for build_id in await builds.recover():

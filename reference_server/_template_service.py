@@ -30,6 +30,7 @@ from ._build_files import BuildFiles
 from ._build_plan import parse_plan
 from ._builder import Builder, Job
 from ._errors import ApiError
+from ._image_source import ImageSource
 from ._sandboxes import SandboxService
 from ._templates import (
     DEFAULT_TAG,
@@ -102,6 +103,7 @@ class TemplateService:
         concurrency: int = 2,
         timeout_s: float = 3600.0,
         clock: Callable[[], datetime] | None = None,
+        images: ImageSource | None = None,
     ) -> None:
         self.sandboxes = sandboxes
         self.store = store
@@ -115,6 +117,7 @@ class TemplateService:
             concurrency=concurrency,
             timeout_s=timeout_s,
             clock=self._clock,
+            images=images,
         )
 
     def _require_builds(self) -> None:

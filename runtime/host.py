@@ -79,6 +79,8 @@ _PACKAGES = {
     "debootstrap": "debootstrap",
     "iproute2": "ip",
     "e2fsprogs": "/usr/sbin/mkfs.ext4",  # sandbox disks (runtime._disk); not on a non-root PATH
+    "skopeo": "skopeo",  # from_image template builds: registry pulls (runtime.templates._images)
+    "umoci": "umoci",  # … and unpacking the pulled layers
     "debian-archive-keyring": "/usr/share/keyrings/debian-archive-keyring.gpg",
 }
 

@@ -24,12 +24,15 @@ from ._build import (
     TEMPLATE_NAMES,
     Template,
     ensure_template,
+    import_image,
     list_templates,
     lock_packages,
     prune_templates,
     templates_dir,
 )
 from ._commands import TemplateError
+from ._image_refs import ImageError, ImageReference, RegistrySettings, parse_mirror, parse_reference
+from ._images import IMAGE_AGENT, ImageConfig, PulledImage, RegistryCredentials, is_image_template
 from ._kernels import write_lock as write_kernel_lock
 from ._keys import AGENT_COMMAND, INTERPRETER_TEMPLATE, base_layer_key, os_layer_key
 from ._mirror import Mirror, find_debian_mirror
@@ -38,13 +41,20 @@ from ._users import register_user as register_template_user
 
 __all__ = [
     "AGENT_COMMAND",
+    "IMAGE_AGENT",
     "INTERPRETER_TEMPLATE",
     "TEMPLATE_MEMORY_MB",
     "TEMPLATE_NAMES",
+    "ImageConfig",
+    "ImageError",
+    "ImageReference",
     "Mirror",
     "PlainProgress",
     "Progress",
     "ProgressEvent",
+    "PulledImage",
+    "RegistryCredentials",
+    "RegistrySettings",
     "RichProgress",
     "Template",
     "TemplateError",
@@ -52,9 +62,13 @@ __all__ = [
     "default_progress",
     "ensure_template",
     "find_debian_mirror",
+    "import_image",
+    "is_image_template",
     "list_templates",
     "lock_packages",
     "os_layer_key",
+    "parse_mirror",
+    "parse_reference",
     "prune_templates",
     "register_template_user",
     "templates_dir",

@@ -39,8 +39,10 @@ from pathlib import Path
 
 from contract import Artifact, ArtifactStore, default_cache_root
 
-from . import _kernels, _keys, _packages
+from . import _images, _kernels, _keys, _packages
 from ._commands import CHROOT_ENV, TemplateError, disk_usage, in_root, remove_tree, replace_file, run
+from ._image_refs import RegistrySettings
+from ._images import PulledImage, RegistryCredentials
 from ._mirror import Mirror, find_debian_mirror
 from ._progress import Progress, ProgressEvent, default_progress, step
 from ._users import lowers_in_use
@@ -137,8 +139,14 @@ def _locked(root: Path, progress: Progress) -> Iterator[None]:
 
 
 def _sweep(root: Path, progress: Progress) -> None:
-    """Remove build folders of killed builds (only called with the lock held, so none is live)."""
+    """Remove build folders of killed builds (only called with the lock held, so none is live).
+
+    Image pulls do not take this lock (a base build holds it for minutes); their folders are
+    swept by the pulls themselves (``_images.sweep_pulls``).
+    """
     for leftover in sorted(root.glob(".*.build-*")):
+        if leftover.name.startswith(f".{_images.IMAGE_PREFIX}-"):
+            continue
         progress(ProgressEvent(f"removing {leftover.name}, left by an interrupted build", "note"))
         remove_tree(leftover)
 
@@ -448,10 +456,16 @@ def ensure_template(
     this package runs from). ``progress`` receives the build's events (default: a spinner
     on a terminal, ``step:`` lines otherwise). Raises ``TemplateError``.
     """
+    root = templates_dir(cache_root)
+    if _images.is_image_template(name):
+        # Made by ``import_image`` only; a backend asking for one gets it or a clear refusal.
+        imported = _load(root / name)
+        if imported is None:
+            raise TemplateError(f"image template {name!r} is not in {root} (pull the image again)")
+        return imported
     if name not in TEMPLATE_NAMES:
         raise TemplateError(f"unknown template {name!r}; known: {', '.join(TEMPLATE_NAMES)}")
     report = progress if progress is not None else default_progress()
-    root = templates_dir(cache_root)
     recipe_os = _keys.os_recipe()
     key_os = _keys.recipe_key(recipe_os)
     tree = _keys.read_source_tree(repo if repo is not None else _default_repo()) if name != "os" else None
@@ -516,6 +530,32 @@ def ensure_template(
     return template
 
 
+def import_image(
+    reference: str,
+    *,
+    registries: RegistrySettings | None = None,
+    credentials: RegistryCredentials | None = None,
+    cache_root: Path | None = None,
+    say: Callable[[str], None] | None = None,
+) -> PulledImage:
+    """The template of image ``reference``, pulled from its registry and unpacked if not cached.
+
+    The agent comes from the ``base`` template (built if absent). ``say`` receives one line per
+    stage (resolving, pulling, verifying, unpacking). Raises ``ImageError`` (a ``TemplateError``).
+    """
+    base = ensure_template("base", cache_root=cache_root, progress=lambda _event: None)
+    return _images.pull_image(
+        reference,
+        root=templates_dir(cache_root),
+        base_rootfs=base.rootfs,
+        base_key=base.key,
+        registries=registries if registries is not None else RegistrySettings(),
+        credentials=credentials,
+        say=say if say is not None else (lambda _line: None),
+        materialize=_materialize,
+    )
+
+
 def lock_packages(*, cache_root: Path | None = None, progress: Progress | None = None) -> Path:
     """Resolve ``packages.in`` with the apt of a scratch copy of the ``os`` layer into its lock (root)."""
     os_layer = ensure_template("os", cache_root=cache_root, progress=progress)
@@ -545,6 +585,14 @@ def _named(template: Template, lowers: set[str]) -> bool:
     return any(lower == folder or lower.startswith(folder + os.sep) for lower in lowers)
 
 
+def _agent_key(template: Template) -> str | None:
+    try:
+        recipe = json.loads((template.path / METADATA).read_text(encoding="utf-8"))["recipe"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return str(recipe.get("agent")) if isinstance(recipe, dict) else None
+
+
 def prune_templates(cache_root: Path | None = None, *, keep: int) -> list[Path]:
     """Remove all but the ``keep`` newest templates of each name built from the sources.
 
@@ -553,7 +601,7 @@ def prune_templates(cache_root: Path | None = None, *, keep: int) -> list[Path]:
     every template a sandbox record or snapshot manifest of a registered backend names as a
     lower (``_users``: stopped sandboxes and snapshots mount nothing); when that cannot be
     read, nothing is pruned. The ``os`` layer is kept: it rarely changes and is the slow one
-    to build.
+    to build. An image's template (``import_image``) goes once the base whose agent it carries is gone.
     """
     in_use = lowers_in_use(templates_dir(cache_root))
     if in_use is None:
@@ -563,6 +611,12 @@ def prune_templates(cache_root: Path | None = None, *, keep: int) -> list[Path]:
         built = [t for t in list_templates(cache_root) if t.name == name]
         built.sort(key=lambda t: (t.path / METADATA).stat().st_mtime, reverse=True)
         doomed_ones.extend(built[keep:])
+    # An image's template carries the agent of the base it was made with: once that base is
+    # pruned, a pull of the same image makes a new one, and the old one only waits for its users.
+    bases = {t.key for t in list_templates(cache_root) if t.name == "base" and t not in doomed_ones}
+    for imported in (t for t in list_templates(cache_root) if t.name == _images.IMAGE_PREFIX):
+        if _agent_key(imported) not in bases:
+            doomed_ones.append(imported)
     removed = []
     for template in doomed_ones:
         if _in_use(template) or _named(template, in_use):

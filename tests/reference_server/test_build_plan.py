@@ -53,9 +53,24 @@ def test_the_clients_default_base_image_is_accepted_in_each_spelling() -> None:
     [
         ({"fromTemplate": "x"}, "exactly one of fromImage and fromTemplate"),
         ({"fromImage": None}, "exactly one of fromImage and fromTemplate"),
-        ({"fromImage": "python:3.12"}, "Images from registries are not served here yet"),
+        ({"fromImage": "Python 3"}, "is not an image reference"),
+        ({"fromImage": "python:3@sha256:abc"}, "the digest must be sha256:"),
+        ({"fromImage": "registry.example/UPPER/case"}, "lower-case components"),
+        ({"fromImage": "python:bad/tag"}, "is not a registry host"),
+        ({"fromImage": "python:" + "t" * 200}, "is not a tag"),
         ({"fromImageRegistry": {"type": "aws"}}, "AWS registry credentials are a cloud service"),
         ({"fromImageRegistry": {"type": "gcp"}}, "GCP registry credentials are a cloud service"),
+        ({"fromImageRegistry": {"type": "basic"}}, "type must be registry, aws or gcp"),
+        ({"fromImageRegistry": {"type": "registry", "username": "u"}}, "needs a username and a password"),
+        ({"fromImageRegistry": {"type": "registry", "username": "a:b", "password": "p"}}, "may not hold ':'"),
+        (
+            {
+                "fromImage": None,
+                "fromTemplate": "t",
+                "fromImageRegistry": {"type": "registry", "username": "u", "password": "p"},
+            },
+            "fromImageRegistry goes with fromImage",
+        ),
         ({"steps": [{"type": "FROB", "args": []}]}, "step 1 has an unknown type 'FROB'"),
         ({"steps": [{"type": "RUN", "args": []}]}, "RUN takes a command"),
         ({"steps": [{"type": "RUN", "args": ["ls", "Bad User"]}]}, "is not a user name"),
@@ -75,6 +90,18 @@ def test_a_body_a_build_could_not_carry_out_is_a_400(body: dict[str, Any], messa
         plan(**body)
     assert caught.value.status == 400
     assert message in caught.value.message
+
+
+def test_registry_images_are_accepted_with_their_credentials_kept_out_of_sight() -> None:
+    registry = {"type": "registry", "username": "robot", "password": "hunter2-secret"}
+    read = parse_plan({"fromImage": "127.0.0.1:5000/team/app:1", "fromImageRegistry": registry})
+    assert read.from_image == "127.0.0.1:5000/team/app:1"
+    assert not read.from_base
+    assert read.credentials is not None
+    assert (read.credentials.username, read.credentials.password) == ("robot", "hunter2-secret")
+    assert "hunter2-secret" not in repr(read)
+    assert parse_plan({"fromImage": "python:3"}).credentials is None
+    assert plan().from_base
 
 
 def test_steps_are_read_with_their_arguments() -> None:

@@ -76,6 +76,9 @@ def test_defaults_are_the_documented_ones(env: dict[str, str], data_dir: Path) -
         "owner_create_burst": 100,
         "max_sandboxes": 1000,
         "memory_overcommit": 4.0,
+        "registry_mirrors": (),
+        "insecure_registries": (),
+        "max_parallel_builds": 2,
     }
     assert runtime_backends.serving_backends() == BACKENDS
     assert "crun" in BACKENDS
@@ -149,6 +152,9 @@ def test_every_variable_is_read(tmp_path: Path, env: dict[str, str]) -> None:
         "owner_create_burst": "3",
         "max_sandboxes": "9",
         "memory_overcommit": "1.5",
+        "registry_mirrors": "docker.io=mirror.internal:5000, docker.io=127.0.0.1:5001/cache",
+        "insecure_registries": "mirror.internal:5000",
+        "max_parallel_builds": "4",
     }
     assert set(values) == set(FIELDS)
     config = load_config(None, {**env, **{env_variable(key): value for key, value in values.items()}})
@@ -179,7 +185,15 @@ def test_every_variable_is_read(tmp_path: Path, env: dict[str, str]) -> None:
         "owner_create_burst": 3,
         "max_sandboxes": 9,
         "memory_overcommit": 1.5,
+        "registry_mirrors": ("docker.io=mirror.internal:5000", "docker.io=127.0.0.1:5001/cache"),
+        "insecure_registries": ("mirror.internal:5000",),
+        "max_parallel_builds": 4,
     }
+    settings = config.registry_settings()
+    assert settings.mirrors == {"docker.io": ("mirror.internal:5000", "127.0.0.1:5001/cache")}
+    assert settings.plain_http("mirror.internal:5000")
+    assert settings.plain_http("127.0.0.1:5001")  # loopback, listed or not
+    assert not settings.plain_http("registry.example:443")
 
 
 @pytest.mark.parametrize(
@@ -298,6 +312,10 @@ def test_single_label_domain_is_refused_with_the_reason(tmp_path: Path, env: dic
         ("reaper_interval_seconds", "inf", "expected a number"),
         ("hosts", "127.0.0.1,", "not an IP address"),
         ("domain", "localhost", "single label"),
+        ("registry_mirrors", "docker.io", "expected registry=mirror"),
+        ("registry_mirrors", "docker.io=bad host", "the mirror must be host[:port][/path]"),
+        ("insecure_registries", "not a host", "expected registry=mirror"),
+        ("max_parallel_builds", "0", "1..64"),
     ],
 )
 def test_variable_errors_name_the_variable(env: dict[str, str], key: str, value: str, problem: str) -> None:

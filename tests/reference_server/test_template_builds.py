@@ -8,6 +8,7 @@ whose output a build reads (a WORKDIR's folder, an ENV value, a user's home).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from reference_server._agent_session import AgentCallError, OutputSink
 from reference_server._build_files import BuildFiles
 from reference_server._control_plane import create_control_plane
 from reference_server._credentials import TokenVault
+from reference_server._image_source import ImageSourceError, PulledBase, Say
 from reference_server._metrics import MetricsBook
 from reference_server._sandboxes import SandboxService, ServiceSettings
 from reference_server._snapshots import SnapshotStore
@@ -29,6 +31,7 @@ from reference_server._store import Store
 from reference_server._template_service import RESTARTED, TemplateService
 from reference_server._templates import TemplateStore
 from runtime.fake import FakeBackend
+from runtime.templates import RegistryCredentials
 
 from .conftest import ALICE, BOB, Clock, DictKeys, RecordingInitializer, conforms
 
@@ -104,6 +107,25 @@ class FakeAgent:
         pass
 
 
+class FakeImages:
+    """An image source whose images are templates of the fake backend; it records what it was asked."""
+
+    def __init__(self, backend: FakeBackend) -> None:
+        self.backend = backend
+        self.asked: list[tuple[str, RegistryCredentials | None]] = []
+        self.refuse: dict[str, str] = {}
+
+    async def pull(self, reference: str, credentials: RegistryCredentials | None, say: Say) -> PulledBase:
+        self.asked.append((reference, credentials))
+        await say(f"Resolving {reference}")
+        if reference in self.refuse:
+            raise ImageSourceError(self.refuse[reference])
+        layer = "image-" + hashlib.sha256(reference.encode()).hexdigest()[:16]
+        self.backend.templates.setdefault(layer, {})
+        env = (("PATH", "/usr/local/bin:/usr/bin:/bin"), ("IMAGE_VAR", "from-image"))
+        return PulledBase(layer=layer, digest="sha256:" + "1" * 64, env=env, workdir="/ignored", cached=False)
+
+
 @dataclass
 class BuildPlane:
     client: httpx.AsyncClient
@@ -113,6 +135,7 @@ class BuildPlane:
     agents: FakeAgents
     initializer: RecordingInitializer
     store: TemplateStore
+    images: FakeImages
 
     async def request(self, method: str, path: str, key: str = ALICE, **kwargs: Any) -> httpx.Response:
         return await self.client.request(method, path, headers={"X-API-Key": key}, **kwargs)
@@ -168,13 +191,14 @@ async def plane(tmp_path: Path) -> AsyncIterator[BuildPlane]:
         clock=clock,
         agent_sessions=agents,
     )
+    images = FakeImages(backend)
     templates = TemplateService(
-        sandboxes=service, store=templates_store, files=BuildFiles(tmp_path / "files", max_bytes=1 << 16)
+        sandboxes=service, store=templates_store, files=BuildFiles(tmp_path / "files", max_bytes=1 << 16), images=images
     )
     service.built = templates
     app = create_control_plane(service, DictKeys(), templates)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="https://api.e2b.test") as client:
-        yield BuildPlane(client, service, templates, backend, agents, initializer, templates_store)
+        yield BuildPlane(client, service, templates, backend, agents, initializer, templates_store, images)
     await templates.aclose()
     await templates_store.close()
     await store.close()
@@ -374,10 +398,12 @@ async def test_a_build_starts_once_and_with_a_body_it_can_carry_out(plane: Build
     assert "already started" in twice.json()["message"]
     registry = await plane.new_build("img")
     refused = await plane.request(
-        "POST", f"/v2/templates/{registry['templateID']}/builds/{registry['buildID']}", json={"fromImage": "nginx"}
+        "POST",
+        f"/v2/templates/{registry['templateID']}/builds/{registry['buildID']}",
+        json={"fromImage": "Nginx Latest"},
     )
     assert refused.status_code == 400
-    assert "not served here yet" in refused.json()["message"]
+    assert "is not an image reference" in refused.json()["message"]
 
 
 async def test_upload_links_are_their_own_authority(plane: BuildPlane) -> None:
@@ -526,3 +552,49 @@ async def test_a_snapshot_outlives_the_template_its_sandbox_came_from(plane: Bui
     assert (await plane.request("DELETE", f"/templates/{created['templateID']}")).status_code == 204
     again = await plane.request("POST", "/sandboxes", json={"templateID": snapshot.json()["snapshotID"]})
     assert again.status_code == 201, again.text
+
+
+async def test_a_registry_image_is_the_base_with_its_environment_and_the_credentials_given(plane: BuildPlane) -> None:
+    registry = {"type": "registry", "username": "robot", "password": "hunter2-secret"}
+    steps = [{"type": "ENV", "args": ["STEP_VAR", "x"]}, {"type": "RUN", "args": ["make"]}]
+    created = await plane.new_build("from-image")
+    response = await plane.start(
+        created, fromImage="127.0.0.1:5000/team/app:1", fromImageRegistry=registry, steps=steps
+    )
+    assert response.status_code == 202, response.text
+    info = await plane.finished(created)
+    assert info["status"] == "ready", info
+    ((reference, credentials),) = plane.images.asked
+    assert reference == "127.0.0.1:5000/team/app:1"
+    assert credentials is not None
+    assert credentials.password == "hunter2-secret"
+    messages = [entry["message"] for entry in info["logEntries"]]
+    assert "Resolving 127.0.0.1:5000/team/app:1" in messages  # the source's lines reach the build log
+    assert not any("hunter2-secret" in message for message in messages)
+    make = next(c for c in plane.agents.calls if c.command == "make")
+    # The image's environment, then the steps'; steps run as user in its home, not the image's workdir.
+    assert make.env == {"PATH": "/usr/local/bin:/usr/bin:/bin", "IMAGE_VAR": "from-image", "STEP_VAR": "x"}
+    assert (make.user, make.cwd) == ("user", None)
+    sandbox = await plane.request("POST", "/sandboxes", json={"templateID": "from-image"})
+    assert sandbox.status_code == 201, sandbox.text
+    assert plane.initializer.calls[-1][2]["envVars"]["IMAGE_VAR"] == "from-image"
+
+
+async def test_the_base_image_is_never_pulled(plane: BuildPlane) -> None:
+    _created, info = await plane.build("on-base", [{"type": "RUN", "args": ["make"]}])
+    assert info["status"] == "ready"
+    assert plane.images.asked == []
+
+
+async def test_an_image_that_cannot_be_pulled_fails_the_build_at_its_base(plane: BuildPlane) -> None:
+    plane.images.refuse["127.0.0.1:5000/team/app:1"] = "reading manifest 1: unauthorized: authentication required"
+    created = await plane.new_build("no-pull")
+    await plane.start(created, fromImage="127.0.0.1:5000/team/app:1", steps=[{"type": "RUN", "args": ["make"]}])
+    info = await plane.finished(created)
+    assert info["status"] == "error"
+    assert info["reason"]["step"] == "base"
+    assert "Pulling 127.0.0.1:5000/team/app:1 failed: reading manifest 1: unauthorized" in info["reason"]["message"]
+    assert not any(c.command == "make" for c in plane.agents.calls)
+    assert not await plane.backend.list()
+    sandbox = await plane.request("POST", "/sandboxes", json={"templateID": "no-pull"})
+    assert sandbox.status_code == 404  # nothing half-built is usable

@@ -480,3 +480,21 @@ def test_prune_keeps_the_newest_base_templates(tmp_path: Path) -> None:
         "base-0000000000000003",
         "os-0000000000000000",
     ]
+
+
+def test_prune_removes_image_templates_whose_agent_base_is_gone(tmp_path: Path) -> None:
+    from runtime.templates import list_templates, prune_templates
+
+    root = tmp_path / "templates"
+
+    def template(folder: str, name: str, key: str, recipe: dict[str, str] | None = None) -> None:
+        (root / folder / "rootfs").mkdir(parents=True)
+        meta = {"name": name, "key": key, "agent_command": ["x"], "recipe": recipe or {}}
+        (root / folder / "template.json").write_text(json.dumps(meta))
+
+    template("base-" + "b" * 16, "base", "b" * 64)
+    template("image-" + "1" * 16, "image", "1" * 64, {"kind": "image", "agent": "b" * 64})
+    template("image-" + "2" * 16, "image", "2" * 64, {"kind": "image", "agent": "a" * 64})  # its base is gone
+    removed = prune_templates(tmp_path, keep=2)
+    assert [p.name for p in removed] == ["image-" + "2" * 16]
+    assert [t.path.name for t in list_templates(tmp_path)] == ["base-" + "b" * 16, "image-" + "1" * 16]
