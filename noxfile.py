@@ -43,7 +43,7 @@ LINT_PATHS = [
 ]
 
 # Debian packages only the tests use → the file that shows each is installed: the OCI registry
-# the image-template tests start and push to (tests/registry.py).
+# the image-template tests and cases start and push to (conformance/_registry.py).
 TEST_PACKAGES = {"docker-registry": "/usr/bin/docker-registry"}
 
 
@@ -141,6 +141,7 @@ def conformance(session: nox.Session) -> None:
         backend = _option(session.posargs, "--backend")
         named = [] if backend in (None, "all") else ["--backend", backend]
         session.run("e2b-compat", "host", "prepare", *named)
+        _test_packages(session)  # the registry the image cases pull from
     session.run("e2b-compat", "conformance", "run", *session.posargs)
 
 

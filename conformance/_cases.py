@@ -101,6 +101,9 @@ class Case:
     operations: tuple[str, ...]
     check: Check
     second_owner: bool = False  # the scenario also acts as another owner (SECOND_API_KEY)
+    # The scenario builds from the harness's private registry image (IMAGE_REF, IMAGE_USERNAME,
+    # IMAGE_PASSWORD; ``conformance._registry``), offered to endpoints on the harness's host.
+    registry: bool = False
     # Request fields (contract.load_fields ids) whose effect the check shows: not merely sent, but
     # observed through the client (a value read back, a behaviour that differs without it).
     fields: tuple[str, ...] = ()
@@ -129,12 +132,13 @@ def _sandbox(
     check: Check,
     *,
     second_owner: bool = False,
+    registry: bool = False,
     fields: tuple[str, ...] = (),
 ) -> Case:
     area, _, what = scenario.partition("/")
-    return Case(
-        f"{area}/lifecycle/{what}", "sandbox", scenario, flavours, (*LIFE, *operations), check, second_owner, fields
-    )
+    name = f"{area}/lifecycle/{what}"
+    operations = (*LIFE, *operations)
+    return Case(name, "sandbox", scenario, flavours, operations, check, second_owner, fields=fields, registry=registry)
 
 
 def _interpreter(
@@ -389,6 +393,19 @@ CASES: tuple[Case, ...] = (
             *on("control.templates.build_status", "query.logsOffset"),
             *on("control.tags.assign", "body.target", "body.tags"),
             *on("control.tags.remove", "body.name", "body.tags"),
+        ),
+    ),
+    _sandbox(
+        "sandbox/template-image",
+        ALL,
+        ("control.templates.create", "control.templates.build_start", "control.templates.build_status", START),
+        sandbox_checks.sandbox_template_image,
+        registry=True,
+        fields=on(
+            "control.templates.build_start",
+            "body.fromImageRegistry.type",
+            "body.fromImageRegistry.username",
+            "body.fromImageRegistry.password",
         ),
     ),
     _sandbox(

@@ -349,3 +349,20 @@ def sandbox_template_build(r: dict[str, Any], work: str) -> None:
     assert "step-output" in r["failure"], f"the failing step's output is not in {r['failure']!r}"
     assert r["deleted"] is True
     assert r["after_delete"] == "404", f"a create of a deleted template gave {r['after_delete']!r}"
+
+
+def sandbox_template_image(r: dict[str, Any], work: str) -> None:
+    """A template from a private registry image: pulled with its credentials, its layers and env kept."""
+    if "status" in r:  # built in the background and polled
+        assert r["status"] == "ready", f"the background build of the image ended {r['status']!r}"
+    expected = ["built", "from-the-image", "/opt/old/kept.txt", "user", "no-motd"]
+    assert r["probe"] == expected, (
+        f"a sandbox of the image's template holds {r['probe']}, not {expected} "
+        "(the step, the image's environment, its opaque folder and whiteout, the default user)"
+    )
+    denied = r["denied"]
+    assert denied != "built", "a build with a wrong registry password succeeded"
+    assert any(word in denied.lower() for word in ("unauthorized", "authentication", "denied")), (
+        f"a wrong registry password failed the build with {denied!r}, which does not say it was refused"
+    )
+    assert r["password_shown"] is False, "the build error shows the registry password"

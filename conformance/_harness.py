@@ -28,6 +28,7 @@ from ._cases import FAMILY_TEMPLATES, Case, cases
 from ._clients import NodeClients, PythonClients, ensure_node_clients, ensure_python_clients
 from ._endpoint import Endpoint
 from ._model import CaseResult, ClientInfo, Outcome, RunInfo, Target
+from ._registry import RegistryOffer
 from ._scenarios import SCENARIOS, ScenarioError, ScenarioRun, ScenarioRunner
 
 __all__ = ["ClientSet", "RunPlan", "run_cases"]
@@ -77,6 +78,8 @@ class RunPlan:
     # Cases run side by side in this many workers. Each scenario makes and kills its own
     # sandboxes and finds them by its own metadata, so cases do not see one another.
     jobs: int = 1
+    # The private image the registry cases build from; None: those cases are skipped.
+    registry: RegistryOffer | None = None
 
 
 def _selected(plan: RunPlan) -> list[tuple[ClientSet, Case, str]]:
@@ -136,6 +139,11 @@ def _outcome(plan: RunPlan, clients: ClientSet, case: Case, flavour: str, runs: 
                 case.name, info, Outcome.SKIP, 0.0, case.operations, reason="no second owner's API key was given"
             )
         extra["SECOND_API_KEY"] = plan.endpoint.second_api_key
+    if case.registry:
+        if plan.registry is None:
+            reason = "no image registry the endpoint can reach was offered (--local-registry: one on this host)"
+            return CaseResult(case.name, info, Outcome.SKIP, 0.0, case.operations, reason=reason)
+        extra.update(plan.registry.env())
     runner = ScenarioRunner(
         clients.python,
         clients.node,

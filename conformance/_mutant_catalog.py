@@ -37,6 +37,7 @@ LIST_STAT = "envd/files/list-stat-exists"
 MKDIR = "envd/files/make-dir-rename-remove"
 KILL = "envd/commands/kill"
 TEMPLATE_BUILD = "sandbox/lifecycle/template-build"
+TEMPLATE_IMAGE = "sandbox/lifecycle/template-image"
 
 MUTANTS: tuple[Mutant, ...] = (
     # --- the control plane: status codes, bodies, defaults, lists ---------------------------------
@@ -597,5 +598,21 @@ MUTANTS: tuple[Mutant, ...] = (
         "await self._store.finish_build(building, layer, config, (), self._clock())",
         "a finished build gets none of the tags it was asked for, so name:tag names nothing",
         (TEMPLATE_BUILD,),
+    ),
+    Mutant(
+        "server/templates/registry-credentials-dropped",
+        "reference_server/_builder.py",
+        "pulled = await self._images.pull(plan.from_image, plan.credentials, say)",
+        "pulled = await self._images.pull(plan.from_image, None, say)",
+        "a build from a private registry image pulls without the username and password it was given",
+        (TEMPLATE_IMAGE,),
+    ),
+    Mutant(
+        "server/templates/image-env-dropped",
+        "reference_server/_builder.py",
+        "return pulled.layer, BuildConfig(root=pulled.layer, env=dict(pulled.env))",
+        "return pulled.layer, BuildConfig(root=pulled.layer)",
+        "a template from an image loses the image's environment (its PATH and variables)",
+        (TEMPLATE_IMAGE,),
     ),
 )

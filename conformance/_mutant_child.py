@@ -16,6 +16,7 @@ session still knows what was seen if this process is stopped at the mutant's tim
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import re
@@ -34,6 +35,7 @@ from ._cases import CASES
 from ._endpoint import EndpointError, ManagedServer
 from ._harness import ClientSet, RunPlan
 from ._model import Outcome
+from ._registry import offered_image
 from ._wire import run_wire_cases
 
 __all__: list[str] = []  # started as a program by ``_mutant_run``
@@ -132,6 +134,7 @@ def _run(spec: dict[str, Any], progress: _Progress) -> None:
         template=templates,
     )
     started = time.monotonic()
+    stack = contextlib.ExitStack()  # the registry of the image cases, when one runs
     stop_pid = threading.Event()
     threading.Thread(target=_record_pid, args=(server, work / "server.pid", stop_pid), daemon=True).start()
     try:
@@ -155,7 +158,10 @@ def _run(spec: dict[str, Any], progress: _Progress) -> None:
         # The harness's per-case limit is a module constant; this process exists for one
         # bounded run, so it takes the session's (shorter) limit instead.
         _harness.CASE_TIMEOUT_S = int(spec["case_timeout_s"])
-        plan = RunPlan(server, (clients,), jobs=int(spec["jobs"]))
+        offer = None
+        if any(cases[case].registry for case, _ in runs if case in cases):
+            offer = stack.enter_context(offered_image())
+        plan = RunPlan(server, (clients,), jobs=int(spec["jobs"]), registry=offer)
 
         def one(case: str, flavour: str) -> None:
             if flavour == "wire":
@@ -179,6 +185,7 @@ def _run(spec: dict[str, Any], progress: _Progress) -> None:
             pool.shutdown(wait=False, cancel_futures=True)  # at SIGTERM: do not wait for running cases
         progress("done")
     finally:
+        stack.close()
         server.stop()
         server.release_everything()
         shutil.rmtree(data_dir, ignore_errors=True)

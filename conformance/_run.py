@@ -20,6 +20,7 @@ Order of a run:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -49,6 +50,7 @@ from ._model import CaseResult, ClientInfo, MutationScore, Outcome, RunInfo
 from ._mutant_report import MutantsFileError, load_mutation_score
 from ._properties import envd_runner, property_results
 from ._recorder import check_drift, fixture_path
+from ._registry import RegistryOffer, offered_image, registry_problem
 from ._report import ReportFiles, write_report
 from ._schema_suite import control_plane_url, operation_ids, run_schemathesis
 from ._signing import load_or_create_signing_key
@@ -78,6 +80,9 @@ class RunOptions:
     backend: str
     jobs: int = 1  # scenario cases run side by side (``RunPlan.jobs``)
     mutants: Path | None = None  # a mutants session's mutants.json (or folder): the report's appendix
+    # Offer the registry cases a registry on this host (``conformance._registry``); our own
+    # server always gets one. An endpoint elsewhere could not reach it.
+    local_registry: bool = False
 
 
 def _probe(endpoint: Endpoint, feature: dict[str, Any]) -> tuple[bool, str]:
@@ -305,6 +310,16 @@ def _write_backend_matrix(options: RunOptions, reports: Sequence[Path], console:
     return 0
 
 
+def _offered_registry(stack: contextlib.ExitStack, console: Console) -> RegistryOffer | None:
+    problem = registry_problem()
+    if problem is not None:
+        console.print(f"registry cases: skipped, {problem}")
+        return None
+    offer = stack.enter_context(offered_image())
+    console.print(f"registry cases: the private image {offer.reference} (basic auth, a password of this run's own)")
+    return offer
+
+
 def _run_one(
     options: RunOptions, client_sets: Sequence[ClientSet], mutation: MutationScore | None, console: Console
 ) -> tuple[int, ReportFiles | None]:
@@ -323,8 +338,10 @@ def _run_one(
             options.endpoint_env, options.second_api_key, server=options.server_name, backend=options.backend
         )
     try:
-        plan = RunPlan(endpoint, tuple(client_sets), match=options.match, jobs=options.jobs)
-        run = run_cases(plan)
+        with contextlib.ExitStack() as stack:
+            offer = _offered_registry(stack, console) if managed is not None or options.local_registry else None
+            plan = RunPlan(endpoint, tuple(client_sets), match=options.match, jobs=options.jobs, registry=offer)
+            run = run_cases(plan)
         extra = run_wire_cases(endpoint.clients_env(), options.match)
         if "properties".startswith(options.match) or options.match in "properties/":
             for clients in client_sets:

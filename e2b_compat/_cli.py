@@ -310,6 +310,7 @@ def _conformance_run(args: argparse.Namespace) -> int:
         backend=backend,
         jobs=args.jobs,
         mutants=args.mutants,
+        local_registry=args.local_registry,
     )
     return main_run(options)
 
@@ -441,6 +442,11 @@ def _add_conformance_group(groups: argparse._SubParsersAction[argparse.ArgumentP
         help="take E2B_API_KEY, E2B_DOMAIN, SSL_CERT_FILE from the environment",
     )
     endpoint.add_argument("--second-api-key", default=None, help="another owner's key (owner isolation cases)")
+    endpoint.add_argument(
+        "--local-registry",
+        action="store_true",
+        help="offer the image cases a registry on this host (for an endpoint on this host; ours always gets one)",
+    )
     endpoint.add_argument("--server-name", default="external", help="how the report names the endpoint")
     endpoint.add_argument("--features", type=Path, default=None, help="its declared unsupported features (JSON)")
     sweep = run.add_argument_group("SDK-version sweep")

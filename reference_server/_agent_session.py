@@ -24,7 +24,15 @@ from contract.generated.process import process_connect
 from contract.generated.process import process_pb2 as pb
 from contract.protocol import ACCESS_TOKEN_HEADER
 
-__all__ = ["AgentCallError", "AgentCalls", "AgentSession", "OutputSink", "SessionFactory", "start_and_wait"]
+__all__ = [
+    "AgentCallError",
+    "AgentCalls",
+    "AgentSession",
+    "OutputSink",
+    "SessionFactory",
+    "StartSpec",
+    "start_and_wait",
+]
 
 OutputSink = Callable[[str, bytes], Awaitable[None]]  # (stream name, bytes) as they come
 _UPLOAD_CHUNK = 1 << 20
@@ -174,22 +182,30 @@ class AgentSession:
 READY_POLL_S = 0.2
 
 
-async def start_and_wait(
-    session: AgentCalls,
-    *,
-    start_cmd: str | None,
-    ready_cmd: str | None,
-    user: str,
-    cwd: str | None,
-    env: Mapping[str, str],
-    timeout_s: float,
-) -> float:
-    """Start ``start_cmd`` in the background, then run ``ready_cmd`` until it exits 0; seconds it took.
+class StartSpec(Protocol):
+    """What starting a template needs (a ``_templates.BuildConfig`` is one)."""
+
+    @property
+    def start_cmd(self) -> str | None: ...
+    @property
+    def ready_cmd(self) -> str | None: ...
+    @property
+    def user(self) -> str: ...
+    @property
+    def workdir(self) -> str | None: ...
+    @property
+    def env(self) -> Mapping[str, str]: ...
+
+
+async def start_and_wait(session: AgentCalls, spec: StartSpec, *, timeout_s: float) -> float:
+    """Start the start command in the background, then run the ready command until it exits 0; seconds it took.
 
     A template's start and ready commands, at the end of its build and before a create of it
-    answers. Without a ready command the start command counts as ready once started.
-    ``AgentCallError`` when the ready command has not succeeded within ``timeout_s``.
+    answers, as its user, in its working directory, with its environment. Without a ready
+    command the start command counts as ready once started. ``AgentCallError`` when the ready
+    command has not succeeded within ``timeout_s``.
     """
+    start_cmd, ready_cmd, user, cwd, env = spec.start_cmd, spec.ready_cmd, spec.user, spec.workdir, dict(spec.env)
     loop = asyncio.get_running_loop()
     began = loop.time()
     if start_cmd:

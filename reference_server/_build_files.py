@@ -20,7 +20,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 __all__ = ["BuildFiles", "UploadRefusedError", "UploadTooLargeError"]
@@ -42,7 +42,7 @@ def _owner_folder(owner: str) -> str:
 
 
 class BuildFiles:
-    def __init__(self, root: Path, *, max_bytes: int, clock: object = time.time) -> None:
+    def __init__(self, root: Path, *, max_bytes: int, clock: Callable[[], float] = time.time) -> None:
         self._root = root
         self._max_bytes = max_bytes
         self._key = secrets.token_bytes(32)
@@ -61,7 +61,7 @@ class BuildFiles:
         return self.path(owner, files_hash).is_file()
 
     def _now(self) -> float:
-        return float(self._clock())  # type: ignore[operator]
+        return self._clock()
 
     def token(self, owner: str, template_id: str, files_hash: str) -> str:
         claims = {"o": owner, "t": template_id, "h": files_hash, "e": int(self._now()) + LINK_LIFETIME_S}

@@ -293,15 +293,8 @@ class Builder:
             if needs_finalize:
                 await logbook.write("info", "Starting the start command and waiting for the ready command", "finalize")
                 try:
-                    took = await start_and_wait(
-                        box.session,
-                        start_cmd=plan.start_cmd,
-                        ready_cmd=plan.ready_cmd,
-                        user=config.user,
-                        cwd=config.workdir,
-                        env=dict(config.env),
-                        timeout_s=READY_TIMEOUT_S,
-                    )
+                    finished = replace(config, start_cmd=plan.start_cmd, ready_cmd=plan.ready_cmd)
+                    took = await start_and_wait(box.session, finished, timeout_s=READY_TIMEOUT_S)
                 except AgentCallError as exc:
                     raise BuildFailedError("finalize", f"Start command not ready: {exc}") from None
                 await logbook.write("info", f"Ready after {took:.1f} s", "finalize")

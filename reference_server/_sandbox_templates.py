@@ -87,15 +87,7 @@ async def start_command(
         raise SandboxRuntimeError(f"{record.sandbox_id}: no address for the start command")
     session = sessions(record.details.address, agent_port, access_token=envd_token)
     try:
-        await start_and_wait(
-            session,
-            start_cmd=config.start_cmd,
-            ready_cmd=config.ready_cmd,
-            user=config.user,
-            cwd=config.workdir,
-            env=dict(config.env),
-            timeout_s=START_READY_TIMEOUT_S,
-        )
+        await start_and_wait(session, config, timeout_s=START_READY_TIMEOUT_S)
     except AgentCallError as exc:
         log.error("start command of %s failed: %s", record.sandbox_id, exc)
         raise ApiError(500, f"The template's start command did not become ready: {exc}") from None

@@ -30,6 +30,7 @@ from ._build_files import BuildFiles
 from ._build_plan import parse_plan
 from ._builder import Builder, Job
 from ._errors import ApiError
+from ._events import LEVELS
 from ._image_source import ImageSource
 from ._sandboxes import SandboxService
 from ._templates import (
@@ -54,7 +55,6 @@ _TAG = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 MAX_TAGS = 32
 CPU_RANGE = (1, 64)
 MEMORY_RANGE = (128, 1 << 17)  # MiB
-LEVELS = ("debug", "info", "warn", "error")
 RESTARTED = "the server stopped during the build; start the build again"
 
 
@@ -93,6 +93,20 @@ def _bounded(value: object, name: str, low: int, high: int, default: int) -> int
     return value
 
 
+def _storable(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The build-start body as the store keeps it: a registry password never reaches the disk."""
+    kept = dict(body)
+    registry = kept.get("fromImageRegistry")
+    if isinstance(registry, Mapping):
+        kept["fromImageRegistry"] = {k: v for k, v in registry.items() if k in ("type", "username")}
+    return kept
+
+
+def _at_least(level: str | None) -> tuple[str, ...] | None:
+    """The levels an entry may have to pass a ``level`` filter (None: no filter)."""
+    return None if level is None else LEVELS[LEVELS.index(level) :]
+
+
 class TemplateService:
     def __init__(
         self,
@@ -124,9 +138,14 @@ class TemplateService:
         self.sandboxes.require(Feature.SNAPSHOT, "template builds")
 
     async def recover(self) -> list[str]:
-        """At start: builds a stopped server left unfinished are failed (their sandboxes are orphans)."""
+        """At start: builds a stopped server cut off are failed (their sandboxes are orphans).
+
+        A build requested but never started (no body yet) was not cut off: it may still be started.
+        """
         failed = []
         for build in await self.store.unfinished_builds():
+            if build.spec is None:
+                continue
             if await self.store.fail_build(build.build_id, {"message": RESTARTED, "step": "finalize"}, self._clock()):
                 failed.append(build.build_id)
         return failed
@@ -238,7 +257,7 @@ class TemplateService:
         plan = parse_plan(body)
         if build.status != "waiting" or build.spec is not None:
             raise ApiError(400, f"Build '{build_id}' was already started")
-        if not await self.store.start_build(build_id, dict(body), self._clock()):
+        if not await self.store.start_build(build_id, _storable(body), self._clock()):
             raise ApiError(400, f"Build '{build_id}' was already started")
         self.builder.submit(Job(build, template, plan, build.requested_tags))
 
@@ -246,10 +265,7 @@ class TemplateService:
         self, owner: str, reference: str, build_id: str, *, offset: int, limit: int, level: str | None
     ) -> tuple[BuildRecord, list[BuildLog]]:
         _template, build = await self._own_build(owner, reference, build_id)
-        entries = await self.store.logs(build_id, offset=offset, limit=limit)
-        if level is not None:
-            entries = [e for e in entries if LEVELS.index(e.level) >= LEVELS.index(level)]
-        return build, entries
+        return build, await self.store.logs(build_id, offset=offset, limit=limit, levels=_at_least(level))
 
     async def build_logs(
         self,
@@ -263,24 +279,19 @@ class TemplateService:
         level: str | None,
     ) -> list[BuildLog]:
         await self._own_build(owner, reference, build_id)
-        entries = await self.store.logs(build_id, offset=0, limit=1 << 30)
-        if cursor_ms is not None:
-            after = datetime.fromtimestamp(cursor_ms / 1000, UTC)
-            entries = [e for e in entries if (e.timestamp >= after if forward else e.timestamp <= after)]
-        if level is not None:
-            entries = [e for e in entries if LEVELS.index(e.level) >= LEVELS.index(level)]
-        if not forward:
-            entries.reverse()
-        return entries[:limit]
+        cursor = None if cursor_ms is None else datetime.fromtimestamp(cursor_ms / 1000, UTC)
+        return await self.store.logs(build_id, limit=limit, levels=_at_least(level), cursor=cursor, forward=forward)
 
     # -- files ---------------------------------------------------------------------------
 
-    async def upload_link(self, owner: str, reference: str, files_hash: str) -> tuple[bool, str]:
+    async def upload_link(self, owner: str, reference: str, files_hash: str) -> tuple[bool, str, str]:
+        """(whether the owner's archive of that hash is present, the template's id, the link's token)."""
         self._require_builds()
         template = await self.owned(owner, reference)
         if not self.files.valid_hash(files_hash):
             raise ApiError(400, "Invalid files hash: 64 lowercase hex digits (sha256)")
-        return self.files.present(owner, files_hash), self.files.token(owner, template.template_id, files_hash)
+        token = self.files.token(owner, template.template_id, files_hash)
+        return self.files.present(owner, files_hash), template.template_id, token
 
     # -- reading and changing templates -------------------------------------------------
 

@@ -492,10 +492,34 @@ class TemplateStore:
             ]
         )
 
-    async def logs(self, build_id: str, *, offset: int, limit: int) -> list[BuildLog]:
+    async def logs(
+        self,
+        build_id: str,
+        *,
+        offset: int = 0,
+        limit: int,
+        levels: tuple[str, ...] | None = None,
+        cursor: datetime | None = None,
+        forward: bool = True,
+    ) -> list[BuildLog]:
+        """Entries in the order they came (newest first unless ``forward``), filtered in SQL.
+
+        ``levels``: only these; ``cursor``: only entries at or after it (``forward``) or at or
+        before it; ``offset`` and ``limit`` count the entries that pass. Timestamps are fixed-width
+        text, so text order is time order.
+        """
+        where, args = ["build_id = ?"], [build_id]
+        if levels is not None:
+            where.append(f"level IN ({', '.join('?' for _ in levels)})")
+            args += list(levels)
+        if cursor is not None:
+            where.append("timestamp >= ?" if forward else "timestamp <= ?")
+            args.append(format_time(cursor))
+        order = "ASC" if forward else "DESC"
         rows = await self._fetchall(
-            "SELECT timestamp, level, message, step FROM build_logs WHERE build_id = ? ORDER BY seq LIMIT ? OFFSET ?",
-            (build_id, limit, offset),
+            f"SELECT timestamp, level, message, step FROM build_logs WHERE {' AND '.join(where)} "  # noqa: S608
+            f"ORDER BY seq {order} LIMIT ? OFFSET ?",
+            (*args, limit, offset),
         )
         return [
             BuildLog(parse_time(str(r[0])), str(r[1]), str(r[2]), None if r[3] is None else str(r[3])) for r in rows

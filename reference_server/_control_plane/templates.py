@@ -19,6 +19,7 @@ from reference_server import _errors as text
 from reference_server import _template_views as views
 from reference_server._build_files import UploadRefusedError, UploadTooLargeError
 from reference_server._errors import ApiError
+from reference_server._events import LEVELS
 from reference_server._requests import check_query, integer_query, read_json, single
 from reference_server._template_service import TemplateService
 
@@ -47,7 +48,6 @@ __all__ = [
 ]
 
 UPLOAD_PATH = "/template-files/{template_id}/{files_hash}"
-_LEVELS = ("debug", "info", "warn", "error")
 LEGACY = (
     "Dockerfile builds through the legacy template API are not served: build with the clients' Template "
     "builder (Template().from_dockerfile(...) turns a Dockerfile into its steps)"
@@ -78,8 +78,8 @@ def _service(caller: Caller) -> TemplateService:
 
 def _level(request: Request) -> str | None:
     level = single(request.query_params.getlist("level"), "level")
-    if level is not None and level not in _LEVELS:
-        raise ApiError(400, f"Query parameter level must be one of {', '.join(_LEVELS)}")
+    if level is not None and level not in LEVELS:
+        raise ApiError(400, f"Query parameter level must be one of {', '.join(LEVELS)}")
     return level
 
 
@@ -156,9 +156,8 @@ async def upload_link(request: Request, caller: Caller) -> Response:
     check_query(request, ())
     params = request.path_params
     service = _service(caller)
-    present, token = await service.upload_link(caller.owner, params["templateID"], params["hash"])
-    template = await service.owned(caller.owner, params["templateID"])
-    path = UPLOAD_PATH.format(template_id=template.template_id, files_hash=params["hash"])
+    present, template_id, token = await service.upload_link(caller.owner, params["templateID"], params["hash"])
+    path = UPLOAD_PATH.format(template_id=template_id, files_hash=params["hash"])
     url = str(request.base_url).rstrip("/") + path + "?token=" + token
     return JSONResponse(views.file_upload(present, url), status_code=201)
 

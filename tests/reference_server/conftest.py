@@ -77,13 +77,11 @@ class Plane:
         return created
 
 
-@pytest.fixture
-async def plane(tmp_path: Path) -> AsyncIterator[Plane]:
-    store = await Store.open(tmp_path / "server.db")
-    backend = FakeBackend()
-    clock = Clock()
-    initializer = RecordingInitializer()
-    service = SandboxService(
+def sandbox_service(
+    store: Store, backend: FakeBackend, clock: Clock, initializer: RecordingInitializer, **extra: Any
+) -> SandboxService:
+    """The sandbox service every in-process control plane of these tests stands on."""
+    return SandboxService(
         store=store,
         snapshots=SnapshotStore(store.db),
         backend=backend,
@@ -92,7 +90,17 @@ async def plane(tmp_path: Path) -> AsyncIterator[Plane]:
         initialize=initializer,
         metrics=MetricsBook(backend, clock=clock),
         clock=clock,
+        **extra,
     )
+
+
+@pytest.fixture
+async def plane(tmp_path: Path) -> AsyncIterator[Plane]:
+    store = await Store.open(tmp_path / "server.db")
+    backend = FakeBackend()
+    clock = Clock()
+    initializer = RecordingInitializer()
+    service = sandbox_service(store, backend, clock, initializer)
     app = create_control_plane(service, DictKeys())
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="https://api.e2b.test") as client:
         yield Plane(client, service, backend, clock, initializer, store)

@@ -22,18 +22,15 @@ from reference_server import _sandbox_templates
 from reference_server._agent_session import AgentCallError, OutputSink
 from reference_server._build_files import BuildFiles
 from reference_server._control_plane import create_control_plane
-from reference_server._credentials import TokenVault
 from reference_server._image_source import ImageSourceError, PulledBase, Say
-from reference_server._metrics import MetricsBook
-from reference_server._sandboxes import SandboxService, ServiceSettings
-from reference_server._snapshots import SnapshotStore
+from reference_server._sandboxes import SandboxService
 from reference_server._store import Store
 from reference_server._template_service import RESTARTED, TemplateService
 from reference_server._templates import TemplateStore
 from runtime.fake import FakeBackend
 from runtime.templates import RegistryCredentials
 
-from .conftest import ALICE, BOB, Clock, DictKeys, RecordingInitializer, conforms
+from .conftest import ALICE, BOB, Clock, DictKeys, RecordingInitializer, conforms, sandbox_service
 
 pytestmark = pytest.mark.anyio
 HASH = "0123456789abcdef" * 4
@@ -180,17 +177,7 @@ async def plane(tmp_path: Path) -> AsyncIterator[BuildPlane]:
     clock = Clock()
     initializer = RecordingInitializer()
     agents = FakeAgents()
-    service = SandboxService(
-        store=store,
-        snapshots=SnapshotStore(store.db),
-        backend=backend,
-        vault=TokenVault(b"k" * 32),
-        settings=ServiceSettings(domain="e2b.test:8443", envd_version="0.6.4", templates=frozenset({"base"})),
-        initialize=initializer,
-        metrics=MetricsBook(backend, clock=clock),
-        clock=clock,
-        agent_sessions=agents,
-    )
+    service = sandbox_service(store, backend, clock, initializer, agent_sessions=agents)
     images = FakeImages(backend)
     templates = TemplateService(
         sandboxes=service, store=templates_store, files=BuildFiles(tmp_path / "files", max_bytes=1 << 16), images=images
@@ -450,12 +437,21 @@ async def _only_cache_entry(plane: BuildPlane) -> Any:
 
 async def test_a_build_cut_off_by_a_stop_is_recorded_failed(plane: BuildPlane) -> None:
     created = await plane.new_build("cut")
+    queued = await plane.new_build("queued")
+    requested = await plane.new_build("requested")  # asked for, files being uploaded, not started
     await plane.store.start_build(created["buildID"], {"fromImage": "e2bdev/base"}, plane.service.now())
     await plane.store.set_building(created["buildID"], plane.service.now())
-    assert await plane.templates.recover() == [created["buildID"]]
-    info = await plane.finished(created)
-    assert info["status"] == "error"
-    assert info["reason"]["message"] == RESTARTED
+    await plane.store.start_build(queued["buildID"], {"fromImage": "e2bdev/base"}, plane.service.now())
+    assert sorted(await plane.templates.recover()) == sorted([created["buildID"], queued["buildID"]])
+    for cut in (created, queued):
+        info = await plane.finished(cut)
+        assert info["status"] == "error"
+        assert info["reason"]["message"] == RESTARTED
+    status = await plane.request("GET", f"/templates/{requested['templateID']}/builds/{requested['buildID']}/status")
+    assert status.json()["status"] == "waiting"
+    started = await plane.start(requested, steps=[])  # a client that started it after the restart
+    assert started.status_code == 202, started.text
+    assert (await plane.finished(requested))["status"] == "ready"
 
 
 async def test_a_ready_command_that_never_passes_fails_the_create(
@@ -554,7 +550,9 @@ async def test_a_snapshot_outlives_the_template_its_sandbox_came_from(plane: Bui
     assert again.status_code == 201, again.text
 
 
-async def test_a_registry_image_is_the_base_with_its_environment_and_the_credentials_given(plane: BuildPlane) -> None:
+async def test_a_registry_image_is_the_base_with_its_environment_and_the_credentials_given(
+    plane: BuildPlane, tmp_path: Path
+) -> None:
     registry = {"type": "registry", "username": "robot", "password": "hunter2-secret"}
     steps = [{"type": "ENV", "args": ["STEP_VAR", "x"]}, {"type": "RUN", "args": ["make"]}]
     created = await plane.new_build("from-image")
@@ -578,6 +576,9 @@ async def test_a_registry_image_is_the_base_with_its_environment_and_the_credent
     sandbox = await plane.request("POST", "/sandboxes", json={"templateID": "from-image"})
     assert sandbox.status_code == 201, sandbox.text
     assert plane.initializer.calls[-1][2]["envVars"]["IMAGE_VAR"] == "from-image"
+    stored = b"".join(path.read_bytes() for path in tmp_path.glob("server.db*"))
+    assert b"robot" in stored  # the build's body is kept ...
+    assert b"hunter2-secret" not in stored  # ... without the registry password
 
 
 async def test_the_base_image_is_never_pulled(plane: BuildPlane) -> None:

@@ -853,6 +853,38 @@ scenarios['sandbox/template-build'] = async (work) => {
   }
 }
 
+const IMAGE_PROBE = 'cat /home/user/built.txt; echo $IMAGE_VAR; echo /opt/old/*; whoami; test -e /etc/motd || echo no-motd'
+
+scenarios['sandbox/template-image'] = async () => {
+  // The harness's registry (IMAGE_*): a private image, its layers' whiteouts, its environment.
+  const { IMAGE_REF: image, IMAGE_USERNAME: username, IMAGE_PASSWORD: password } = process.env
+  const name = `conf-image-${crypto.randomBytes(6).toString('hex')}`
+  const template = Template().fromImage(image, { username, password }).runCmd('echo built > built.txt')
+  const result = {}
+  const info = await Template.build(template, name, { cpuCount: 1, memoryMB: 512 })
+  try {
+    const sbx = await Sandbox.create(name, { timeoutMs: 120_000 })
+    try {
+      result.probe = (await sbx.commands.run(IMAGE_PROBE)).stdout.split(/\s+/).filter(Boolean)
+    } finally {
+      await sbx.kill()
+    }
+    try {
+      await Template.build(Template().fromImage(image, { username, password: `not-${password}` }), `${name}-denied`)
+      result.denied = 'built'
+    } catch (err) {
+      if (!(err instanceof BuildError)) throw err
+      result.denied = String(err.message)
+    }
+    result.password_shown = result.denied.includes(password)
+    return result
+  } finally {
+    for (const leftover of [info.templateId, `${name}-denied`]) {
+      await Sandbox.deleteSnapshot(leftover)
+    }
+  }
+}
+
 async function main() {
   const [name, work] = process.argv.slice(2)
   const run = Object.hasOwn(scenarios, name) ? scenarios[name] : undefined

@@ -870,6 +870,38 @@ async def _template_build(work: str) -> dict[str, Any]:
             await AsyncSandbox.delete_snapshot(leftover)
 
 
+IMAGE_PROBE = "cat /home/user/built.txt; echo $IMAGE_VAR; echo /opt/old/*; whoami; test -e /etc/motd || echo no-motd"
+
+
+@scenario("sandbox/template-image")
+async def _template_image(work: str) -> dict[str, Any]:
+    # The harness's registry (IMAGE_*): a private image, its layers' whiteouts, its environment.
+    image, username, password = os.environ["IMAGE_REF"], os.environ["IMAGE_USERNAME"], os.environ["IMAGE_PASSWORD"]
+    name = f"conf-image-{uuid.uuid4().hex[:12]}"
+    template = AsyncTemplate().from_image(image, username=username, password=password).run_cmd("echo built > built.txt")
+    result: dict[str, Any] = {}
+    info = await AsyncTemplate.build_in_background(template, name, cpu_count=1, memory_mb=512)
+    try:
+        status, _logs = await _finished(info)
+        result["status"] = status
+        sbx = await AsyncSandbox.create(name, timeout=120)
+        try:
+            result["probe"] = (await sbx.commands.run(IMAGE_PROBE)).stdout.split()
+        finally:
+            await sbx.kill()
+        wrong = AsyncTemplate().from_image(image, username=username, password="not-" + password)
+        try:
+            await AsyncTemplate.build(wrong, name + "-denied")
+            result["denied"] = "built"
+        except BuildException as exc:
+            result["denied"] = str(exc)
+        result["password_shown"] = password in result["denied"]
+        return result
+    finally:
+        for leftover in (info.template_id, name + "-denied"):
+            await AsyncSandbox.delete_snapshot(leftover)
+
+
 def main() -> None:
     name, work = sys.argv[1], sys.argv[2]
     trace(name, "start")

@@ -816,6 +816,36 @@ def _template_build(work: str) -> dict[str, Any]:
             Sandbox.delete_snapshot(leftover)
 
 
+IMAGE_PROBE = "cat /home/user/built.txt; echo $IMAGE_VAR; echo /opt/old/*; whoami; test -e /etc/motd || echo no-motd"
+
+
+@scenario("sandbox/template-image")
+def _template_image(work: str) -> dict[str, Any]:
+    # The harness's registry (IMAGE_*): a private image, its layers' whiteouts, its environment.
+    image, username, password = os.environ["IMAGE_REF"], os.environ["IMAGE_USERNAME"], os.environ["IMAGE_PASSWORD"]
+    name = f"conf-image-{uuid.uuid4().hex[:12]}"
+    template = Template().from_image(image, username=username, password=password).run_cmd("echo built > built.txt")
+    result: dict[str, Any] = {}
+    info = Template.build(template, name, cpu_count=1, memory_mb=512)
+    try:
+        sbx = Sandbox.create(name, timeout=120)
+        try:
+            result["probe"] = sbx.commands.run(IMAGE_PROBE).stdout.split()
+        finally:
+            sbx.kill()
+        wrong = Template().from_image(image, username=username, password="not-" + password)
+        try:
+            Template.build(wrong, name + "-denied")
+            result["denied"] = "built"
+        except BuildException as exc:
+            result["denied"] = str(exc)
+        result["password_shown"] = password in result["denied"]
+        return result
+    finally:
+        for leftover in (info.template_id, name + "-denied"):
+            Sandbox.delete_snapshot(leftover)
+
+
 def main() -> None:
     name, work = sys.argv[1], sys.argv[2]
     trace(name, "start")

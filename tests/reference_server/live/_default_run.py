@@ -73,6 +73,7 @@ def full_run(server: LiveServer, folder: Path) -> CaseRun:
         server_name="e2b-compat reference server",
         backend=DEFAULT_BACKEND,
         jobs=JOBS,
+        local_registry=True,  # the live server is on this host
     )
     status = main_run(options)
     report_dir = folder / "report"

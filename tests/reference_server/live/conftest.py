@@ -26,6 +26,7 @@ from conformance._cases import Case
 from conformance._clients import NodeClients, PythonClients, ensure_node_clients, ensure_python_clients
 from conformance._endpoint import ManagedServer
 from conformance._harness import CASE_TIMEOUT_S
+from conformance._registry import RegistryOffer, offered_image
 from conformance._scenarios import SCENARIOS as ALL_SCENARIOS
 from conformance._scenarios import ScenarioRunner
 from runtime.backends import DEFAULT_BACKEND, serving_backends
@@ -110,6 +111,13 @@ def backend_server(request: pytest.FixtureRequest) -> Iterator[LiveServer]:
         yield server
 
 
+@pytest.fixture(scope="package")
+def offered() -> Iterator[RegistryOffer]:
+    """The harness's private image (``conformance._registry``) for the registry cases on every backend."""
+    with offered_image() as offer:
+        yield offer
+
+
 @pytest.fixture(scope="session")
 def python_clients() -> PythonClients:
     return ensure_python_clients()
@@ -131,13 +139,15 @@ def server_scenario(
 
 
 @pytest.fixture(scope="package")
-def lifecycle(backend_server: LiveServer, python_clients: PythonClients, node_clients: NodeClients) -> ScenarioRunner:
+def lifecycle(
+    backend_server: LiveServer, python_clients: PythonClients, node_clients: NodeClients, offered: RegistryOffer
+) -> ScenarioRunner:
     """Control-plane scenarios (``scenarios/``): create, list, pause, snapshot, ... per client flavour."""
     second = backend_server.issue_key("second-owner")
     return ScenarioRunner(
         python_clients,
         node_clients,
-        env=backend_server.clients_env(SECOND_API_KEY=second),
+        env=backend_server.clients_env(SECOND_API_KEY=second, **offered.env()),
         workdir=lambda name: "/home/user",
         scripts=SCENARIOS,
     )

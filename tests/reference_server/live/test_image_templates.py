@@ -1,7 +1,7 @@
 """Templates from OCI images through the official clients, from real registries the tests start.
 
 Two distribution registries run on loopback: one anonymous, one behind basic auth. The image
-pushed to both (``tests.registry``) is a small userland with no Python, whose second layer
+pushed to both (``conformance._registry``) is a small userland with no Python, whose second layer
 removes a file, makes a folder opaque and adds a file with its own owner and mode. The clients
 build from it with ``from_image`` (with and without credentials) and ``from_dockerfile``, add
 steps and a start command, and create sandboxes of the results. Failures are real too: a wrong
@@ -21,8 +21,8 @@ import pytest
 
 from conformance._clients import NodeClients, PythonClients
 from conformance._endpoint import ManagedServer
+from conformance._registry import Pushed, Registry, changes_layer, local_registry, push_image, userland_layer
 from runtime.templates import ensure_template
-from tests.registry import Pushed, Registry, changes_layer, local_registry, push_image, userland_layer
 from tests.servers import managed_server
 
 pytestmark = [pytest.mark.artifacts]

@@ -1,6 +1,6 @@
 """Templates from images: digest pinning, blob verification, and the agent's injection, safe on hostile trees.
 
-The pure parts run everywhere with a stand-in for skopeo. As root, a real registry (``tests.registry``)
+The pure parts run everywhere with a stand-in for skopeo. As root, a real registry (``conformance._registry``)
 is pulled from: the unpacked rootfs has the layers' whiteouts applied, and the injected agent
 imports and runs through its own loader in a rootfs that has no Python of its own.
 """
@@ -148,7 +148,7 @@ def test_the_sandbox_user_is_added_once_and_only_when_missing(tmp_path: Path) ->
 @needs_root
 @pytest.mark.artifacts
 def test_a_pulled_image_is_unpacked_with_its_whiteouts_and_runs_our_agent_without_a_python_of_its_own() -> None:
-    from tests.registry import changes_layer, local_registry, push_image, userland_layer
+    from conformance._registry import changes_layer, local_registry, push_image, userland_layer
 
     # A layer of this run's own, so the pull is never answered from an earlier run's cache.
     unique = tarfile.TarInfo(f"srv/run-{uuid.uuid4().hex}")

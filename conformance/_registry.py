@@ -1,10 +1,12 @@
-"""A real OCI registry (Debian's distribution registry) on loopback, and images the tests push to it.
+"""A real OCI registry (Debian's distribution registry) on loopback, and images pushed to it.
 
+For the cases that build templates from registry images (``Case.registry``) and for the tests.
 The image is made here, not pulled from anywhere: a small userland (bash, coreutils, tar,
-useradd and the libraries they load, copied out of the ``os`` template layer) with no Python
-at all, so a sandbox from it proves the agent brought its own. A second layer exercises the
-unpacker: a whiteout, an opaque folder, a setuid-free file with an odd mode and owner.
-Images are pushed with the registry's HTTP API (blob upload, manifest put), as any client does.
+useradd and the libraries they load) copied out of a root directory: the harness host's own
+``/``, or (the tests) the ``os`` template layer. It has no Python, so a sandbox of it shows that
+the endpoint's agent needs none from the image. Its second layer exercises the unpacker: a
+whiteout, an opaque folder, a file with its own owner and mode. Images are pushed with the
+registry's HTTP API (blob upload, manifest put), as any client pushes them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -23,7 +26,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import bcrypt
@@ -86,6 +89,12 @@ ETC = (
     "etc/default/useradd",
     "etc/nsswitch.conf",
 )
+_ACCOUNTS = {
+    "etc/passwd": b"root:x:0:0:root:/root:/bin/bash\n",
+    "etc/group": b"root:x:0:\n",
+    "etc/shadow": b"root:*:19000:0:99999:7:::\n",
+    "etc/gshadow": b"root:*::\n",
+}
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
 
@@ -119,6 +128,9 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def local_registry(*, username: str | None = None, password: str | None = None) -> Iterator[Registry]:
     """A registry on 127.0.0.1 with its own storage; basic auth when a username is given. Stopped after."""
+    problem = registry_problem()
+    if problem is not None:
+        raise RegistryUnavailableError(problem)
     folder = Path(tempfile.mkdtemp(prefix="e2b-registry-", dir="/var/tmp"))
     port = _free_port()
     auth = ""
@@ -168,10 +180,21 @@ def local_registry(*, username: str | None = None, password: str | None = None) 
 # -- images ----------------------------------------------------------------------------
 
 
+class RegistryUnavailableError(RuntimeError):
+    """This host cannot run the registry (the message says what to install)."""
+
+
+def registry_problem() -> str | None:
+    """Why no registry can be started here, or None."""
+    if not Path(REGISTRY_BINARY).exists():
+        return f"{REGISTRY_BINARY} is not installed (Debian package docker-registry)"
+    return None
+
+
 def _ldd(os_rootfs: Path, paths: list[str]) -> set[str]:
-    out = subprocess.run(
-        ["chroot", str(os_rootfs), "/usr/bin/ldd", *paths], capture_output=True, text=True, check=True
-    ).stdout
+    # Through the tree's own ldd, so its libraries are found where its loader looks.
+    inside = [] if os_rootfs == Path("/") else ["chroot", str(os_rootfs)]
+    out = subprocess.run([*inside, "/usr/bin/ldd", *paths], capture_output=True, text=True, check=True).stdout
     found = set()
     for line in out.splitlines():
         parts = line.split()
@@ -241,10 +264,11 @@ def _symlink(tar: tarfile.TarFile, name: str, target: str) -> None:
     tar.addfile(info)
 
 
-def userland_layer(os_rootfs: Path) -> bytes:
-    """A tar of the small userland (merged /usr: /bin, /lib, /lib64 and /sbin are symlinks)."""
+def userland_layer(os_rootfs: Path = Path("/")) -> bytes:
+    """A tar of the small userland of ``os_rootfs`` (merged /usr: /bin, /lib, /lib64 and /sbin are symlinks)."""
     buffer = io.BytesIO()
-    libraries = _ldd(os_rootfs, list(TOOLS))
+    tools = [tool for tool in TOOLS if os.path.lexists(os_rootfs / tool.lstrip("/"))]
+    libraries = _ldd(os_rootfs, tools)
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for folder in ("usr", "usr/bin", "usr/sbin", "usr/lib", "usr/lib/x86_64-linux-gnu", "usr/lib64", "etc"):
             _dir(tar, folder)
@@ -253,15 +277,15 @@ def userland_layer(os_rootfs: Path) -> bytes:
         for link, target in (("bin", "usr/bin"), ("sbin", "usr/sbin"), ("lib", "usr/lib"), ("lib64", "usr/lib64")):
             _symlink(tar, link, target)
         _symlink(tar, "usr/bin/sh", "dash")
-        for path in sorted({*TOOLS, *libraries}):
+        for path in sorted({*tools, *libraries}):
             _add(tar, os_rootfs, path)
         for path in ETC:
-            if (os_rootfs / path).exists():
-                data = (os_rootfs / path).read_bytes()
-                if path in ("etc/passwd", "etc/group", "etc/shadow", "etc/gshadow"):
-                    # Only root: the image has no sandbox user of its own, the build adds one.
-                    data = b"".join(line + b"\n" for line in data.splitlines() if line.startswith(b"root:"))
-                _file(tar, path, data, mode=0o640 if "shadow" in path else 0o644)
+            if path in _ACCOUNTS:
+                # Only root, and no password hash of the source's: the image has no sandbox user
+                # of its own (the endpoint adds one) and nothing of the harness host's secrets.
+                _file(tar, path, _ACCOUNTS[path], mode=0o640 if "shadow" in path else 0o644)
+            elif (os_rootfs / path).is_file():
+                _file(tar, path, (os_rootfs / path).read_bytes())
         _file(tar, "etc/motd", b"removed by the second layer\n")
         _file(tar, "opt/old/gone.txt", b"hidden by the opaque folder\n")
     return buffer.getvalue()
@@ -365,3 +389,31 @@ def push_image(
                 headers={"content-type": INDEX_TYPE},
             ).raise_for_status()
     return Pushed(f"{registry.host}/{repository}:{tag}", digest, tuple(layer_digests))
+
+
+# -- what the harness offers the cases -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegistryOffer:
+    """A private image for the cases (``Case.registry``), as the scenarios receive it."""
+
+    reference: str
+    username: str
+    password: str = field(repr=False)
+
+    def env(self) -> dict[str, str]:
+        return {"IMAGE_REF": self.reference, "IMAGE_USERNAME": self.username, "IMAGE_PASSWORD": self.password}
+
+
+IMAGE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "IMAGE_VAR": "from-the-image"}
+
+
+@contextlib.contextmanager
+def offered_image(source_root: Path = Path("/")) -> Iterator[RegistryOffer]:
+    """A registry behind basic auth (a password of this run's own) holding the small userland image."""
+    password = secrets.token_urlsafe(18)
+    with local_registry(username="conformance", password=password) as registry:
+        layers = [userland_layer(source_root), changes_layer()]
+        pushed = push_image(registry, "conformance/userland", "1", layers, env=IMAGE_ENV, as_index=True)
+        yield RegistryOffer(pushed.reference, "conformance", password)
