@@ -585,8 +585,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "server/templates/start-command-skipped",
         SERVICE,
-        "                    await start_command(self.agent_sessions, self.settings.agent_port, record, built, "
-        "envd_token)",
+        "                    await start_command(self.agent_sessions, self.settings.agent_port, record, envd_token)",
         "                    pass",
         "a create of a template with a start command answers before (and without) starting it",
         (TEMPLATE_BUILD,),

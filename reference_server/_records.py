@@ -238,6 +238,10 @@ class SandboxDetails:
     # A built template's last user and working directory (None: the server's default user, its home).
     default_user: str | None = None
     default_workdir: str | None = None
+    # A built template's start and ready commands: run at the create, and again at a resume whose
+    # processes start afresh (a pause without memory, a host restart).
+    start_cmd: str | None = None
+    ready_cmd: str | None = None
     events: tuple[LifecycleEvent, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -259,7 +263,7 @@ class SandboxDetails:
         }
         if self.paused_memory is not None:
             document["paused_memory"] = self.paused_memory
-        for name in ("default_user", "default_workdir"):
+        for name in ("default_user", "default_workdir", "start_cmd", "ready_cmd"):
             if getattr(self, name) is not None:  # absent from sandboxes of the server's own templates
                 document[name] = getattr(self, name)
         if self.disk_mb:  # absent from records made before disks had a size: they read back unchanged
@@ -300,6 +304,8 @@ _SCALARS: dict[str, type | tuple[type, ...]] = {
     "paused_memory": bool,
     "default_user": str,
     "default_workdir": str,
+    "start_cmd": str,
+    "ready_cmd": str,
 }
 _DETAIL_KEYS = frozenset(item.name for item in fields(SandboxDetails))
 

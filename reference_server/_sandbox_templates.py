@@ -12,8 +12,8 @@ and its ready command run until it passes before the create answers (``START_REA
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from runtime.backend import SandboxRuntimeError
@@ -76,18 +76,32 @@ async def resolve_template(
         template_id = snapshot.template_id
 
 
+@dataclass(frozen=True)
+class _Start:
+    start_cmd: str | None
+    ready_cmd: str | None
+    user: str
+    workdir: str | None
+    env: Mapping[str, str] = field(default_factory=dict)  # the agent's own: the sandbox's env vars
+
+
 async def start_command(
-    sessions: SessionFactory, agent_port: int, record: SandboxRecord, built: Built, envd_token: str | None
+    sessions: SessionFactory, agent_port: int, record: SandboxRecord, envd_token: str | None
 ) -> None:
-    """A built template's start command, and its ready command until it passes; 500 when it does not."""
-    config = built.config
-    if config.start_cmd is None and config.ready_cmd is None:
+    """The sandbox's template's start command, and its ready command until it passes; 500 when it does not.
+
+    The commands are the record's (``SandboxDetails.start_cmd``, ``ready_cmd``), run as the
+    template's user in its working directory; the agent gives them the sandbox's environment.
+    """
+    details = record.details
+    if details.start_cmd is None and details.ready_cmd is None:
         return
-    if record.details.address is None:
+    if details.address is None:
         raise SandboxRuntimeError(f"{record.sandbox_id}: no address for the start command")
-    session = sessions(record.details.address, agent_port, access_token=envd_token)
+    spec = _Start(details.start_cmd, details.ready_cmd, details.default_user or "user", details.default_workdir)
+    session = sessions(details.address, agent_port, access_token=envd_token)
     try:
-        await start_and_wait(session, config, timeout_s=START_READY_TIMEOUT_S)
+        await start_and_wait(session, spec, timeout_s=START_READY_TIMEOUT_S)
     except AgentCallError as exc:
         log.error("start command of %s failed: %s", record.sandbox_id, exc)
         raise ApiError(500, f"The template's start command did not become ready: {exc}") from None

@@ -282,6 +282,7 @@ class SandboxService:
             self.settings.templates, self.built, self.snapshots, owner, request.template_id
         )
         built = resolved.built
+        starts = built is not None and resolved.runtime_template == built.layer  # not a snapshot of one
         floor = self.settings.template_memory_mb.get(resolved.root, 0)
         memory_mb = max(built.template.memory_mb if built else self.settings.memory_mb, floor)
         cpu_count = built.template.cpu_count if built else self.settings.cpu_count
@@ -307,6 +308,8 @@ class SandboxService:
             timeout_s=request.timeout_s,
             default_user=built.config.user if built else None,
             default_workdir=built.config.workdir if built else None,
+            start_cmd=built.config.start_cmd if built and starts else None,
+            ready_cmd=built.config.ready_cmd if built and starts else None,
         )
         record = SandboxRecord(
             sandbox_id=sandbox_id,
@@ -340,8 +343,8 @@ class SandboxService:
                 await self.backend.create(spec)
                 info = await self.backend.start(sandbox_id)
                 record = await self._started(record, info.host, request.timeout_s, "sandbox started")
-                if built is not None and resolved.runtime_template == built.layer:
-                    await start_command(self.agent_sessions, self.settings.agent_port, record, built, envd_token)
+                if starts:
+                    await start_command(self.agent_sessions, self.settings.agent_port, record, envd_token)
             except BaseException as exc:
                 await self._discard(record)
                 if isinstance(exc, SandboxRuntimeError):
@@ -458,16 +461,23 @@ class SandboxService:
             return await self._resume_admitted(record, timeout_s)
 
     async def _resume_admitted(self, record: SandboxRecord, timeout_s: int) -> SandboxRecord:
+        afresh = record.details.paused_memory is not True  # its processes, the start command's too, are gone
         record = await self._swap(record, state=S.RESUMING)
         try:
             info = await self.backend.resume(record.sandbox_id)
-            return await self._started(record, info.host, timeout_s, "sandbox resumed")
+            started = await self._started(record, info.host, timeout_s, "sandbox resumed")
         except (SandboxRuntimeError, OSError) as exc:  # OSError: the agent did not answer /init
             log.error("resuming %s failed: %s", record.sandbox_id, exc)
             await self._settle(record)
             if isinstance(exc, SandboxRuntimeError):
                 raise runtime_refusal("resume", exc) from None
             raise ApiError(500, text.INTERNAL) from None
+        if afresh:
+            # Like the create: the resume answers once the start command is ready. One that is not
+            # leaves the sandbox running (its files are the user's), and the client sees the 500.
+            envd_token = self.tokens(started).envd_token
+            await start_command(self.agent_sessions, self.settings.agent_port, started, envd_token)
+        return started
 
     async def pause(self, owner: str, sandbox_id: str, *, memory: bool) -> None:
         async with self.lock(sandbox_id):

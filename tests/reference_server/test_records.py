@@ -172,6 +172,8 @@ def test_states_are_an_enum_shared_with_the_lifecycle_table() -> None:
 
 
 def test_every_detail_field_is_written() -> None:
-    details = SandboxDetails(paused_memory=True, disk_mb=1024, default_user="u", default_workdir="/w")
+    details = SandboxDetails(
+        paused_memory=True, disk_mb=1024, default_user="u", default_workdir="/w", start_cmd="s", ready_cmd="r"
+    )
     written = set(details.to_dict())
     assert written == {item.name for item in fields(SandboxDetails)}

@@ -599,3 +599,24 @@ async def test_an_image_that_cannot_be_pulled_fails_the_build_at_its_base(plane:
     assert not await plane.backend.list()
     sandbox = await plane.request("POST", "/sandboxes", json={"templateID": "no-pull"})
     assert sandbox.status_code == 404  # nothing half-built is usable
+
+
+@pytest.mark.parametrize(("memory", "again"), [(False, True), (True, False)])
+async def test_a_resume_whose_processes_start_afresh_runs_the_start_command_again(
+    plane: BuildPlane, memory: bool, again: bool
+) -> None:
+    _created, info = await plane.build(
+        "served", [{"type": "RUN", "args": ["make"]}], startCmd="serve", readyCmd="check"
+    )
+    assert info["status"] == "ready"
+    sandbox = await plane.request("POST", "/sandboxes", json={"templateID": "served"})
+    assert sandbox.status_code == 201, sandbox.text
+    sandbox_id = sandbox.json()["sandboxID"]
+    plane.agents.calls.clear()
+    # Without memory only the files are kept, as a host restart leaves a sandbox.
+    paused = await plane.request("POST", f"/sandboxes/{sandbox_id}/pause", json={"memory": memory})
+    assert paused.status_code == 204, paused.text
+    resumed = await plane.request("POST", f"/sandboxes/{sandbox_id}/connect", json={"timeout": 60})
+    assert resumed.status_code == 201, resumed.text
+    ran = [(c.command, c.user, c.background) for c in plane.agents.calls]
+    assert ran == ([("serve", "user", True), ("check", "user", False)] if again else [])
