@@ -36,6 +36,7 @@ import platform
 import re
 import shutil
 import stat
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -137,20 +138,37 @@ class _Session:
     authfile: Path
     secrets: tuple[str, ...]
 
-    def skopeo(self, *args: str, what: str, detail: Callable[[str], None] = lambda _line: None) -> str:
+    def _command(self, args: tuple[str, ...]) -> list[str]:
         cmd = ["skopeo", "--policy", str(self.folder / "policy.json"), "--command-timeout", _SKOPEO_TIMEOUT]
         # An undocumented global flag of skopeo 1.9 (its CONTAINERS_REGISTRIES_CONF is not read).
         cmd += ["--registries-conf", str(self.folder / "registries.conf")]
         arch = _GOARCH.get(platform.machine(), platform.machine())
-        cmd += ["--override-os", "linux", "--override-arch", arch, *args]
+        return [*cmd, "--override-os", "linux", "--override-arch", arch, *args]
+
+    def _refusal(self, what: str, output: str) -> ImageError:
+        # skopeo ends with level=fatal msg="…": that line is the reason, the rest is our own
+        # command line (temporary paths) and retry chatter.
+        reasons = _FATAL.findall(output)
+        reason = reasons[-1].replace('\\"', '"') if reasons else output.strip()[-2000:]
+        return ImageError(self.scrub(f"{what}: {reason}"))
+
+    def skopeo(self, *args: str, what: str, detail: Callable[[str], None] = lambda _line: None) -> str:
         try:
-            return run(cmd, what, env=self.env, detail=detail)
+            return run(self._command(args), what, env=self.env, detail=detail)
         except TemplateError as exc:
-            # skopeo ends with level=fatal msg="…": that line is the reason, the rest is our own
-            # command line (temporary paths) and retry chatter.
-            reasons = _FATAL.findall(str(exc))
-            reason = reasons[-1].replace('\\"', '"') if reasons else str(exc)
-            raise ImageError(self.scrub(f"{what}: {reason}")) from None
+            raise self._refusal(what, str(exc)) from None
+
+    def stdout(self, *args: str, what: str) -> bytes:
+        """skopeo's standard output, byte for byte (a manifest's digest is of its exact bytes)."""
+        try:
+            done = subprocess.run(
+                self._command(args), env=dict(self.env), capture_output=True, stdin=subprocess.DEVNULL, check=False
+            )
+        except OSError as exc:
+            raise ImageError(f"{what}: could not start skopeo: {exc}") from None
+        if done.returncode != 0:
+            raise self._refusal(what, done.stderr.decode("utf-8", "replace"))
+        return done.stdout
 
     def scrub(self, text: str) -> str:
         for secret in self.secrets:
@@ -193,8 +211,7 @@ def _session(
 def _resolve(session: _Session, reference: ImageReference) -> str:
     """The digest of the platform manifest ``reference`` names (a list or index narrowed to this host)."""
     target = f"docker://{reference}"
-    raw = session.skopeo("inspect", "--raw", "--authfile", str(session.authfile), target, what=f"reading {reference}")
-    data = raw.encode()
+    data = session.stdout("inspect", "--raw", "--authfile", str(session.authfile), target, what=f"reading {reference}")
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
     if reference.digest is not None and digest != reference.digest:
         raise ImageError(f"{reference}: the registry answered a manifest whose digest is {digest}")

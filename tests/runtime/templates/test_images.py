@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import tarfile
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,8 +39,8 @@ class FakeSkopeo(_images._Session):
 
     answers: dict[str, bytes]
 
-    def skopeo(self, *args: str, what: str, detail: Callable[[str], None] = lambda _line: None) -> str:
-        return self.answers[args[-1].removeprefix("docker://")].decode()
+    def stdout(self, *args: str, what: str) -> bytes:
+        return self.answers[args[-1].removeprefix("docker://")]
 
 
 def _session(tmp_path: Path, answers: dict[str, bytes]) -> FakeSkopeo:
@@ -60,6 +59,19 @@ MANIFEST = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.ima
 def test_a_tag_is_pinned_to_the_digest_of_the_manifest_it_names(tmp_path: Path) -> None:
     session = _session(tmp_path, {"r.example/a:1": MANIFEST})
     assert _images._resolve(session, parse_reference("r.example/a:1")) == _digest(MANIFEST)
+    # Registries often answer indented JSON ending in a newline: the digest is of those bytes.
+    pretty = json.dumps(json.loads(MANIFEST), indent=3).encode() + b"\r\n"
+    session = _session(tmp_path, {"r.example/a:2": pretty})
+    assert _images._resolve(session, parse_reference("r.example/a:2")) == _digest(pretty)
+
+
+def test_the_manifest_is_read_byte_for_byte_from_skopeo(tmp_path: Path) -> None:
+    tool = tmp_path / "bin" / "skopeo"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\nprintf '{\\n  \"a\": 1\\n}\\n'\necho 'a warning' >&2\n")
+    tool.chmod(0o755)
+    session = _images._Session(tmp_path, {"PATH": str(tool.parent)}, tmp_path / "auth.json", ())
+    assert session.stdout("inspect", "--raw", "docker://r/a:1", what="reading") == b'{\n  "a": 1\n}\n'
 
 
 def test_an_index_is_narrowed_to_this_platform(tmp_path: Path) -> None:
