@@ -167,7 +167,9 @@ def bench_backend(name: str, counts: tuple[int, int, int, int], budget_s: float)
     backend_entry(name).prepare_host(lambda message: print(f"host set-up ({name}): {message}"))
     data_dir = Path(tempfile.mkdtemp(prefix=f"e2b-compat-bench-{name}-", dir="/var/tmp"))
     data_dir.chmod(0o755)  # idmapped sandbox users traverse it
-    server = ManagedServer(data_dir, data_dir.with_suffix(".log"), backend=name)
+    # No warm pool: the figures are each backend's own boot and idle cost (benchmarks.server has the pool's).
+    no_pool = {"E2B_COMPAT_SERVER_WARM_POOL_MEMORY_MB": "0"}
+    server = ManagedServer(data_dir, data_dir.with_suffix(".log"), backend=name, extra_env=no_pool)
     try:
         server.start()
         raw = _drive_client(server, counts, deadline)

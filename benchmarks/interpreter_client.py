@@ -1,12 +1,13 @@
 """Runs inside the pinned Python client's environment against the reference server.
 
-``python -I interpreter_client.py <sandboxes> <runs> <budget seconds>`` times, with the official
-clients configured only by the server's four variables:
+``python -I interpreter_client.py <sandboxes> <runs> <budget seconds> <pace seconds>`` times, with
+the official clients configured only by the server's four variables:
 
 - per sandbox, alternating so both see the same conditions: ``e2b_code_interpreter.Sandbox.create()``
   (template ``code-interpreter-v1``) → first ``run_code("1+1")`` result, and the floor
-  ``e2b.Sandbox.create()`` (template ``base``) → first ``commands.run("true")`` result;
-- on one code-interpreter sandbox, alternating: ``run_code("1+1")`` and its floor
+  ``e2b.Sandbox.create()`` (template ``base``) → first ``commands.run("true")`` result, each
+  ``pace`` seconds after the last (a server's warm pool refills in that time);
+- unless ``runs`` is 0, on one code-interpreter sandbox, alternating: ``run_code("1+1")`` and its floor
   ``commands.run("true")`` (envd on the same sandbox) round trips, then the same warm
   ``run_code`` in each other language (``LANGUAGES``), each after one untimed first run that
   starts its kernel.
@@ -37,6 +38,14 @@ LANGUAGES = {
     "java": ("1+1", "2"),
     "bash": ("echo 2", "2\n"),
 }
+
+
+def _answer(execution: Any, language: str) -> str | None:
+    """What a run answered: bash prints, IRkernel sends its values as display data (no main result)."""
+    if language == "bash":
+        return "".join(execution.logs.stdout)
+    texts = [str(result.text) for result in execution.results if result.text is not None]
+    return texts[0] if len(texts) == 1 else None
 
 
 def _interpreter_first_run() -> tuple[float, float]:
@@ -77,8 +86,9 @@ def _warm_up() -> None:
 
 
 def main() -> None:
-    sandboxes, runs, budget = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+    sandboxes, runs, budget, pace = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
     _warm_up()
+    time.sleep(pace)
     deadline = time.monotonic() + budget
     samples: dict[str, list[float]] = {
         name: []
@@ -102,11 +112,19 @@ def main() -> None:
         samples["interpreter_create"].append(created)
         samples["interpreter_first_run"].append(ran)
         samples["interpreter_total"].append(created + ran)
+        time.sleep(pace)  # the interpreter's refill is over: the floor does not share the CPU with it
         created, ran = _base_first_run()
         samples["base_create"].append(created)
         samples["base_first_run"].append(ran)
         samples["base_total"].append(created + ran)
         done["sandboxes"] += 1
+        time.sleep(pace)
+    if runs:
+        _warm_runs(runs, deadline, samples, done)
+    print(json.dumps({"samples": samples, "done": done}))
+
+
+def _warm_runs(runs: int, deadline: float, samples: dict[str, list[float]], done: dict[str, Any]) -> None:
     sbx = Sandbox.create()
     try:
         sbx.run_code("1+1")  # the first run of a sandbox is measured above, not here
@@ -125,7 +143,7 @@ def main() -> None:
         for language, (code, answer) in LANGUAGES.items():
             samples[f"warm_run_code_{language}"] = []
             first = sbx.run_code(code, language=language)  # starts the language's kernel: not timed
-            if (first.text if language != "bash" else "".join(first.logs.stdout)) != answer:
+            if _answer(first, language) != answer:
                 raise SystemExit(f"{language}: run_code({code!r}) answered {first!r}")
             for _ in range(runs):
                 if time.monotonic() > deadline:
@@ -136,7 +154,6 @@ def main() -> None:
                 samples[f"warm_run_code_{language}"].append(time.perf_counter() - start)
     finally:
         sbx.kill()
-    print(json.dumps({"samples": samples, "done": done}))
 
 
 if __name__ == "__main__":

@@ -2,9 +2,12 @@
 
 The pinned official Python client, configured only by the variables the server prints, creates
 ``--sandboxes`` sandboxes one after another on a real server (TLS edge, crun sandboxes) and times
-create, the first command and their sum. The floor, measured in the same run on the same
-runtime folder once the server has stopped: the crun backend's own create → agent healthy (what
-no server can avoid). Prints p50/p90 and the ratio to the floor; writes JSON. Nothing is asserted.
+create, the first command and their sum: first with the server's default warm pool
+(``docs/SERVER.md``), each create ``--pace-seconds`` after the last so that the pool has refilled,
+then on a second server with the pool off (``warm_pool_memory_mb = 0``), where every create boots
+its sandbox. The floor, measured in the same run on the same runtime folder once the server has
+stopped: the crun backend's own create → agent healthy (what a create without a warm sandbox
+cannot avoid). Prints p50/p90 and the ratios to the floor; writes JSON. Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import asyncio
 import json
 import os
 import shlex
-import shutil
 import signal
 import socket
 import statistics
@@ -48,9 +50,13 @@ def _free_port() -> int:
         return port
 
 
-def _start_server(data_dir: Path, port: int, log: Path) -> subprocess.Popen[str]:
+NO_POOL = {"E2B_COMPAT_SERVER_WARM_POOL_MEMORY_MB": "0"}
+COLD = " (no warm pool)"
+
+
+def _start_server(data_dir: Path, port: int, log: Path, extra: dict[str, str]) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
-    env.update(E2B_COMPAT_SERVER_DATA_DIR=str(data_dir), E2B_COMPAT_SERVER_PORT=str(port))
+    env.update(E2B_COMPAT_SERVER_DATA_DIR=str(data_dir), E2B_COMPAT_SERVER_PORT=str(port), **extra)
     process = subprocess.Popen(
         [sys.executable, "-m", "e2b_compat", "serve"],
         cwd=REPO,
@@ -109,44 +115,57 @@ def _client_env(data_dir: Path) -> dict[str, str]:
     return env
 
 
-def run(sandboxes: int) -> dict[str, Any]:
+def _client_run(data_dir: Path, sandboxes: int, pace_s: float, extra: dict[str, str]) -> dict[str, list[float]]:
     clients = ensure_python_clients()
+    data_dir.mkdir(mode=0o755)  # idmapped sandbox users traverse it
+    server = _start_server(data_dir, _free_port(), data_dir / "server.log", extra)
+    try:
+        out = subprocess.run(
+            [str(clients.python), "-I", str(HERE / "server_client.py"), str(sandboxes), str(pace_s)],
+            env=_client_env(data_dir),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=1800,
+        )
+    finally:
+        _stop(server)
+    if out.returncode != 0:
+        raise SystemExit(f"client run failed:\n{out.stderr[-3000:]}")
+    samples: dict[str, list[float]] = json.loads(out.stdout.splitlines()[-1])
+    return samples
+
+
+def run(sandboxes: int, pace_s: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="e2b-compat-bench-", dir="/var/tmp") as tmp:
         data_dir = Path(tmp)
         data_dir.chmod(0o755)  # idmapped sandbox users traverse it
-        server = _start_server(data_dir, _free_port(), data_dir / "server.log")
-        try:
-            out = subprocess.run(
-                [str(clients.python), "-I", str(HERE / "server_client.py"), str(sandboxes)],
-                env=_client_env(data_dir),
-                capture_output=True,
-                text=True,
-                check=False,
-                timeout=1800,
-            )
-        finally:
-            _stop(server)
-        if out.returncode != 0:
-            raise SystemExit(f"client run failed:\n{out.stderr[-3000:]}")
-        client = json.loads(out.stdout.splitlines()[-1])
-        backend = CrunBackend(data_dir / "runtime")
+        warm = _client_run(data_dir / "pool", sandboxes, pace_s, {})
+        cold = _client_run(data_dir / "cold", sandboxes, 0.0, NO_POOL)
+        backend = CrunBackend(data_dir / "cold" / "runtime")
         floor = asyncio.run(_floor(backend, sandboxes))
-        shutil.rmtree(data_dir / "runtime", ignore_errors=True)
-    report = {name: quantiles(samples) for name, samples in client.items()}
+    report = {name: quantiles(samples) for name, samples in warm.items()}
+    report.update({name + COLD: quantiles(samples) for name, samples in cold.items()})
     report["floor: crun create -> agent healthy"] = quantiles(floor)
     floor_p50 = report["floor: crun create -> agent healthy"]["p50_ms"]
     report["ratio: create -> first run / floor (p50)"] = {"ratio": report["total"]["p50_ms"] / floor_p50}
+    report["ratio: create -> first run" + COLD + " / floor (p50)"] = {
+        "ratio": report["total" + COLD]["p50_ms"] / floor_p50
+    }
     return report
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sandboxes", type=int, default=30)
+    parser.add_argument("--pace-seconds", type=float, default=1.0, help="between creates with the warm pool (0..30)")
     parser.add_argument("--output", type=Path, default=REPO / "reports" / "bench" / "server.json")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("the server benchmark runs real crun sandboxes: it needs root")
-    report = run(args.sandboxes)
+    if not 1 <= args.sandboxes <= 500 or not 0 <= args.pace_seconds <= 30:
+        raise SystemExit("--sandboxes must be 1..500 and --pace-seconds 0..30")
+    report = run(args.sandboxes, args.pace_seconds)
     write_report(report, args.output, width=45)
 
 

@@ -1,9 +1,10 @@
 """Runs inside the pinned Python client's environment against the reference server.
 
-``python -I server_client.py <sandboxes>`` creates that many sandboxes one after another and
-times, for each, ``Sandbox.create()`` and the first ``commands.run("true")`` result (the
-client is configured only by the server's four variables). Prints one JSON object of samples
-in seconds. Every sandbox is killed before the next is made.
+``python -I server_client.py <sandboxes> <pace seconds>`` creates that many sandboxes one after
+another, each ``pace`` seconds after the last was killed, and times, for each,
+``Sandbox.create()`` and the first ``commands.run("true")`` result (the client is configured
+only by the server's four variables). Prints one JSON object of samples in seconds. Every
+sandbox is killed before the next is made.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from e2b import Sandbox
 
 
 def main() -> None:
-    count = int(sys.argv[1])
+    count, pace = int(sys.argv[1]), float(sys.argv[2])
     create, first_run, total, kill = [], [], [], []
     for _ in range(count):
+        time.sleep(pace)
         start = time.perf_counter()
         sbx = Sandbox.create()
         created = time.perf_counter()

@@ -22,6 +22,12 @@ for starts in flight, read and reserved under one lock: of 50 parallel creates w
 exactly 10 are admitted. A reservation ends when its create or resume ends, so a failed start
 frees it at once, and a kill frees its slot as soon as the record leaves the counted states.
 
+Warm sandboxes (``_warm_pool``) are the server's own, started before any create asks for them.
+Their memory is held (``hold_warm``: only while the budget has room for it, everything counted)
+and published to the host's ledger, but a tenant's admission never counts it: the pool lives on
+memory nobody else needs, and gives its sandboxes back while the budget is over (``over_budget``).
+A claimed warm sandbox is counted once, as the create that claimed it.
+
 Host-wide for memory: with a ``MemoryLedger`` (``runtime.host``; the serve command gives each
 server the host's), the budget holds for every server on the host together. Each server
 publishes what it holds when a start is admitted or ends and on every reaper sweep (kills and
@@ -138,6 +144,7 @@ class Admission:
         self._server = str(Path(store.path).absolute())  # one entry per data folder in the host's ledger
         self._lock = asyncio.Lock()
         self._reserved: dict[str, _Reservation] = {}  # sandbox id → a start in flight
+        self._warm: dict[str, int] = {}  # sandbox id → MiB of a warm sandbox no create has claimed
         self._buckets: dict[str, TokenBucket] = {}
         memory = limits.host_memory_mb if limits.host_memory_mb is not None else host_memory_mb()
         self.memory_budget_mb = int(memory * limits.memory_overcommit)
@@ -168,6 +175,8 @@ class Admission:
         async with self._lock:  # counting and reserving are one step: parallel starts cannot all pass
             records = await self._store.all(LIVE_STATES | MEMORY_STATES)
             reserved = dict(self._reserved)
+            # Published, never checked: warm sandboxes other than the one this create claims.
+            warm_mb = sum(mb for key, mb in self._warm.items() if key != sandbox_id)
             if self._ledger is None:
                 self._check(records, reserved, owner, sandbox_id, memory_mb, new=new, elsewhere_mb=0)
             else:  # the host's lock too: another server's check waits for this one's answer
@@ -175,6 +184,7 @@ class Admission:
                     self._on_host,
                     lambda elsewhere: (
                         memory_mb
+                        + warm_mb
                         + self._check(records, reserved, owner, sandbox_id, memory_mb, new=new, elsewhere_mb=elsewhere)
                     ),
                 )
@@ -196,9 +206,53 @@ class Admission:
         if self._ledger is None:
             return
         async with self._lock:
-            records = await self._store.all(LIVE_STATES | MEMORY_STATES)
-            held = sum(_memory(records, dict(self._reserved), paused_on_disk=self._paused_on_disk).values())
+            held = await self._held_mb()
             await asyncio.to_thread(self._on_host, lambda _elsewhere: held)
+
+    async def _held_mb(self) -> int:
+        """Everything this server holds: its sandboxes' memory, starts in flight, warm sandboxes."""
+        records = await self._store.all(LIVE_STATES | MEMORY_STATES)
+        memory = _memory(records, dict(self._reserved), paused_on_disk=self._paused_on_disk)
+        return sum({**memory, **self._warm}.values())
+
+    async def hold_warm(self, sandbox_id: str, memory_mb: int) -> bool:
+        """Hold memory for a warm sandbox if the budget has room with everything counted; else False."""
+        async with self._lock:
+            held = await self._held_mb()
+            if self._ledger is None:
+                room = held + memory_mb <= self.memory_budget_mb
+            else:
+
+                def total(elsewhere_mb: int) -> int:
+                    nonlocal room
+                    room = elsewhere_mb + held + memory_mb <= self.memory_budget_mb
+                    return held + memory_mb if room else held
+
+                room = False
+                await asyncio.to_thread(self._on_host, total)
+            if room:
+                self._warm[sandbox_id] = memory_mb
+            return room
+
+    def release_warm(self, sandbox_id: str) -> None:
+        """A warm sandbox was claimed (its record counts it now) or killed; published with the next change."""
+        self._warm.pop(sandbox_id, None)
+
+    async def over_budget(self) -> bool:
+        """Whether everything held on the host, warm sandboxes too, is past the budget (tenants took the room)."""
+        async with self._lock:
+            held = await self._held_mb()
+            if self._ledger is None:
+                return held > self.memory_budget_mb
+            over = False
+
+            def total(elsewhere_mb: int) -> int:
+                nonlocal over
+                over = elsewhere_mb + held > self.memory_budget_mb
+                return held
+
+            await asyncio.to_thread(self._on_host, total)
+            return over
 
     def _check(
         self,

@@ -50,6 +50,8 @@ CONFIG_FILE_NAME = "server.toml"
 # backend is a line there; nothing in the configuration changes.
 BACKENDS: tuple[str, ...] = serving_backends()
 LOG_LEVELS: tuple[str, ...] = ("critical", "error", "warning", "info", "debug")
+# The default leaves out the templates a server does not serve; a pool given explicitly must not name one.
+DEFAULT_WARM_POOL = ("base=2", "code-interpreter-v1=1")
 UPSTREAM_MAX_TIMEOUT_SECONDS = 86_400  # E2B caps a sandbox's timeout at 24 h
 _LONGEST_TIMEOUT_SECONDS = 30 * 86_400
 _TEMPLATE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -118,6 +120,13 @@ class ServerConfig:
         (), "Registries (host[:port]) pulled from over plain HTTP; loopback registries always are."
     )
     max_parallel_builds: int = _setting(2, "Template builds running at once; more wait in a queue.")
+    warm_pool: tuple[str, ...] = _setting(
+        DEFAULT_WARM_POOL,
+        "Started sandboxes kept ready for creates, template=count each (served templates only).",
+    )
+    warm_pool_memory_mb: int = _setting(
+        4096, "The most the warm sandboxes' memory limits may add up to, MiB; 0 keeps none."
+    )
     log_level: str = _setting("info", f"One of {', '.join(LOG_LEVELS)}.")
     request_head_timeout_seconds: float = _setting(
         10.0, "A client connection is dropped if its TLS handshake and request head take longer, seconds."
@@ -147,6 +156,10 @@ class ServerConfig:
             mirrors[registry] = (*mirrors.get(registry, ()), mirror)
         return RegistrySettings(mirrors=mirrors, insecure=self.insecure_registries)
 
+    def warm_pool_sizes(self) -> dict[str, int]:
+        """``warm_pool`` as template → count."""
+        return dict(_warm_entry(entry) for entry in self.warm_pool)
+
     def __post_init__(self) -> None:
         for item in dataclasses.fields(self):
             try:
@@ -154,6 +167,15 @@ class ServerConfig:
             except ValueError as exc:
                 raise ConfigError(f"{item.name}: {exc}") from None
             object.__setattr__(self, item.name, value)
+        served = {self.default_template, *self.templates}
+        if self.warm_pool == DEFAULT_WARM_POOL:
+            kept = tuple(entry for entry in DEFAULT_WARM_POOL if _warm_entry(entry)[0] in served)
+            object.__setattr__(self, "warm_pool", kept)
+        for name in self.warm_pool_sizes():
+            if name not in served:  # a build's or snapshot's layer is an owner's, never pooled
+                raise ConfigError(
+                    f"warm_pool: {name!r} is not one of the served templates ({', '.join(sorted(served))})"
+                )
 
 
 # -- checks: a value of the field's type → the normalised value, or ValueError ----------------
@@ -302,6 +324,28 @@ def _check_registries(value: object) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _warm_entry(entry: str) -> tuple[str, int]:
+    name, equals, count = entry.partition("=")
+    if not equals or _INTEGER.fullmatch(count.strip()) is None:
+        raise ValueError(f"expected template=count, got {entry!r}")
+    return _check_template(name.strip()), int(count)
+
+
+def _check_warm_pool(value: object) -> tuple[str, ...]:
+    if not isinstance(value, tuple | list):
+        raise ValueError(f"expected a list of template=count entries, got {type(value).__name__} {value!r}")
+    entries: dict[str, str] = {}
+    for entry in value:
+        _check_type(entry, str)
+        name, count = _warm_entry(entry)
+        if not 0 <= count <= 64:
+            raise ValueError(f"{entry!r}: the count must be 0..64")
+        if name in entries:
+            raise ValueError(f"{name!r} is listed twice")
+        entries[name] = f"{name}={count}"
+    return tuple(entries.values())
+
+
 def _check_owner(value: object) -> str:
     _check_type(value, str)
     assert isinstance(value, str)
@@ -333,6 +377,8 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "registry_mirrors": _check_mirrors,
     "insecure_registries": _check_registries,
     "max_parallel_builds": _int_in(1, 64),
+    "warm_pool": _check_warm_pool,
+    "warm_pool_memory_mb": _int_in(0, 4 * 1024 * 1024),
     "log_level": _one_of(LOG_LEVELS, fold=True),
     "request_head_timeout_seconds": _seconds_in(0.1, 600),
     "max_connections": _int_in(0, 1_000_000),
@@ -364,6 +410,8 @@ _FIELD_TYPES: dict[str, str] = {
     "registry_mirrors": "list",
     "insecure_registries": "list",
     "max_parallel_builds": "int",
+    "warm_pool": "list",
+    "warm_pool_memory_mb": "int",
     "log_level": "str",
     "request_head_timeout_seconds": "float",
     "max_connections": "int",

@@ -17,6 +17,7 @@ owner's sandbox indistinguishable from a missing one (404), as upstream does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import string
@@ -26,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, cast
 
 from contract.protocol import ENVD_PORT
-from runtime.backend import Backend, Feature, Limits, SandboxRuntimeError, SandboxSpec, State
+from runtime.backend import Backend, Feature, Limits, SandboxRuntimeError, State
 from runtime.host import MemoryLedger
 
 from . import _errors as text
@@ -37,9 +38,10 @@ from ._errors import ApiError, runtime_refusal
 from ._events import LogQuery, append_event, query_logs, rfc3339, since
 from ._metrics import MetricsBook, Sample
 from ._records import Defaults, LifecycleEvent, NetworkSettings, SandboxDetails, SandboxRecord, SandboxState
-from ._sandbox_templates import BuiltTemplates, resolve_template, start_command
+from ._sandbox_templates import BuiltTemplates, Resolved, resolve_template, start_command
 from ._snapshots import SnapshotPage, SnapshotRecord, SnapshotStore
 from ._store import Changes, GenerationConflict, InvalidCursor, NotFound, Page, Store, StoreError
+from ._warm_pool import Shape, Warm, WarmPool
 
 __all__ = [
     "AgentInitializer",
@@ -99,6 +101,8 @@ class ServiceSettings:
     default_user: str = "user"
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)  # who may start a sandbox now
     memory_ledger: MemoryLedger | None = None  # the host's, shared with other servers; None: this one only
+    warm_pool: Mapping[str, int] = field(default_factory=dict)  # server template → started sandboxes kept ready
+    warm_pool_memory_mb: int = 0  # the most the warm sandboxes' memory limits may add up to
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,6 +171,20 @@ class SandboxService:
             store,
             ledger=settings.memory_ledger,
             paused_on_disk=Feature.PAUSE_MEMORY_ON_DISK in backend.features,
+        )
+        # What a create with no network fields makes of each configured template: equal shapes, one sandbox.
+        default_network = NetworkSettings()
+        warm_shapes = {
+            self._shape(Resolved(name, name), Defaults.ALLOW_INTERNET_ACCESS, default_network): count
+            for name, count in settings.warm_pool.items()
+            if count > 0
+        }
+        self.pool = WarmPool(  # its refill task runs with the server (``_server.run``)
+            backend=backend,
+            admission=self.admission,
+            wanted=lambda: warm_shapes,
+            new_id=new_sandbox_id,
+            memory_mb=settings.warm_pool_memory_mb,
         )
 
     def now(self) -> datetime:
@@ -283,11 +301,51 @@ class SandboxService:
         )
         built = resolved.built
         starts = built is not None and resolved.runtime_template == built.layer  # not a snapshot of one
-        floor = self.settings.template_memory_mb.get(resolved.root, 0)
-        memory_mb = max(built.template.memory_mb if built else self.settings.memory_mb, floor)
-        cpu_count = built.template.cpu_count if built else self.settings.cpu_count
+        shape = self._shape(resolved, request.allow_internet_access, request.network)
+        warm = self.pool.claim(shape)  # a sandbox of this shape the pool started: its id is this one's
+        sandbox_id = warm.sandbox_id if warm is not None else new_sandbox_id()
+        async with contextlib.AsyncExitStack() as held:
+            try:
+                record, envd_token, traffic_token = self._new_record(
+                    owner, request, resolved, shape, sandbox_id=sandbox_id, starts=starts
+                )
+                # Admitted before anything is stored; the reservation lasts until the start succeeded or was undone.
+                await held.enter_async_context(self.admission.create(owner, sandbox_id, shape.limits.memory_mb))
+            except BaseException:
+                if warm is not None:  # refused (a 429): nothing of it was stored, the next create may have it
+                    self.pool.give_back(warm)
+                raise
+            await held.enter_async_context(self.lock(sandbox_id))
+            try:
+                record = await self.store.insert(record)
+            except BaseException:
+                if warm is not None:
+                    await self.pool.discard(warm)
+                raise
+            if warm is not None:  # the record holds its memory now
+                self.pool.claimed(warm)
+            try:
+                record = await self._boot(record, shape, warm, request.timeout_s)
+                if starts:
+                    await start_command(self.agent_sessions, self.settings.agent_port, record, envd_token)
+            except BaseException as exc:
+                await self._discard(record)
+                if isinstance(exc, SandboxRuntimeError):
+                    log.error("creating %s failed: %s", sandbox_id, exc)
+                    raise runtime_refusal("create", exc, template=request.template_id) from None
+                raise
+        if built is not None and self.built is not None:
+            await self.built.spawned(built.template.template_id)
+        await self.metrics.sample(sandbox_id)
+        return Opened(record, envd_token, traffic_token)
+
+    def _new_record(
+        self, owner: str, request: CreateRequest, resolved: Resolved, shape: Shape, *, sandbox_id: str, starts: bool
+    ) -> tuple[SandboxRecord, str | None, str | None]:
+        """A create's record (state creating) and its envd and traffic tokens in the clear."""
+        built = resolved.built
+        cpu_count, memory_mb = shape.limits.cpu_count, shape.limits.memory_mb
         env_vars = {**(built.config.env if built else {}), **request.env_vars}
-        sandbox_id = new_sandbox_id()
         envd_token = new_sandbox_token() if request.secure else None
         traffic_token = None if request.network.allow_public_traffic else new_sandbox_token()
         now = self.now()
@@ -323,38 +381,36 @@ class SandboxService:
             auto_pause=request.auto_pause,
             details=append_event(details, now, "info", "sandbox creating", template=request.template_id),
         )
-        # Admitted before anything is stored; the reservation lasts until the start succeeded or was undone.
-        async with self.admission.create(owner, sandbox_id, memory_mb), self.lock(sandbox_id):
-            record = await self.store.insert(record)
+        return record, envd_token, traffic_token
+
+    def _shape(self, resolved: Resolved, allow_internet_access: bool, network: NetworkSettings) -> Shape:
+        """What the runtime is asked to create for a sandbox of ``resolved`` with that network."""
+        built = resolved.built
+        floor = self.settings.template_memory_mb.get(resolved.root, 0)  # its processes need it
+        egress = self.settings.egress_enabled
+        return Shape(
+            template=resolved.runtime_template,
+            limits=Limits(
+                cpu_count=built.template.cpu_count if built else self.settings.cpu_count,
+                memory_mb=max(built.template.memory_mb if built else self.settings.memory_mb, floor),
+                disk_mb=self.settings.disk_mb,
+            ),
+            allow_internet_access=allow_internet_access and egress,
+            allow_out=network.allow_out if egress else (),
+            deny_out=network.deny_out,
+        )
+
+    async def _boot(self, record: SandboxRecord, shape: Shape, warm: Warm | None, timeout_s: int) -> SandboxRecord:
+        """Initialize the claimed warm sandbox, or create and start one; then it is running."""
+        if warm is not None:
             try:
-                spec = SandboxSpec(
-                    sandbox_id=sandbox_id,
-                    template=resolved.runtime_template,
-                    limits=Limits(
-                        cpu_count=cpu_count,
-                        memory_mb=memory_mb,
-                        disk_mb=self.settings.disk_mb,
-                    ),
-                    hostname=sandbox_id,
-                    allow_internet_access=request.allow_internet_access and self.settings.egress_enabled,
-                    allow_out=request.network.allow_out if self.settings.egress_enabled else (),
-                    deny_out=request.network.deny_out,
-                )
-                await self.backend.create(spec)
-                info = await self.backend.start(sandbox_id)
-                record = await self._started(record, info.host, request.timeout_s, "sandbox started")
-                if starts:
-                    await start_command(self.agent_sessions, self.settings.agent_port, record, envd_token)
-            except BaseException as exc:
-                await self._discard(record)
-                if isinstance(exc, SandboxRuntimeError):
-                    log.error("creating %s failed: %s", sandbox_id, exc)
-                    raise runtime_refusal("create", exc, template=request.template_id) from None
-                raise
-        if built is not None and self.built is not None:
-            await self.built.spawned(built.template.template_id)
-        await self.metrics.sample(sandbox_id)
-        return Opened(record, envd_token, traffic_token)
+                return await self._started(record, warm.host, timeout_s, "sandbox started")
+            except SandboxRuntimeError as exc:  # its agent is gone: start one afresh under the same id
+                log.warning("warm sandbox %s did not take /init, starting it afresh: %s", record.sandbox_id, exc)
+                await self.backend.kill(record.sandbox_id)
+        await self.backend.create(shape.spec(record.sandbox_id))
+        info = await self.backend.start(record.sandbox_id)
+        return await self._started(record, info.host, timeout_s, "sandbox started")
 
     async def initialize_agent(self, host: str, body: Mapping[str, Any]) -> None:
         """``POST /init`` to the agent at ``host`` (a template build's sandbox has no record to start)."""

@@ -7,9 +7,10 @@
 3. The runtime and the template (built once, then cached by content).
 4. Reconciliation against the runtime, before anything is served.
 5. The soft open-file limit raised to the hard one (``_connections``; the default connection cap
-   follows it), the reaper and the metrics sampler, then TLS listeners on every configured address (both
-   ``127.0.0.1`` and ``::1``: Node resolves ``*.localhost`` to ``::1`` first), then the client
-   environment is printed and written to ``<data_dir>/client.env``.
+   follows it), the reaper, the metrics sampler and the warm pool's refill (``_warm_pool``), then
+   TLS listeners on every configured address (both ``127.0.0.1`` and ``::1``: Node resolves
+   ``*.localhost`` to ``::1`` first), then the client environment is printed and written to
+   ``<data_dir>/client.env``.
 
 ``open_server`` does steps 2-4 with an injectable backend and initializer (tests use the fake
 backend); ``serve`` is the whole sequence for the command line.
@@ -21,9 +22,11 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,6 +157,7 @@ async def open_server(
     )
     builds: TemplateService | None = None
     template_store: TemplateStore | None = None
+    service: SandboxService | None = None
     try:
         keys = KeyStore(store.db)
         api_key = await ensure_key(store.db, config.data_dir / "api-key", config.owner, keys=keys)
@@ -172,6 +176,8 @@ async def open_server(
             egress_enabled=config.egress_enabled,
             admission=admission_limits(config),
             memory_ledger=ledger,
+            warm_pool=config.warm_pool_sizes(),
+            warm_pool_memory_mb=config.warm_pool_memory_mb,
         )
         service = SandboxService(
             store=store,
@@ -203,6 +209,8 @@ async def open_server(
         )
         yield RunningServer(config, store, keys, service, edge, proxy, certificates, api_key, reconciliation, builds)
     finally:
+        if service is not None:
+            await service.pool.aclose()  # its sandboxes have no record: left running they would be orphans
         if builds is not None:
             await builds.aclose()
         if template_store is not None:
@@ -262,18 +270,41 @@ async def run(
         asyncio.create_task(
             server.service.metrics.run(lambda: _running_ids(server.service), config.metrics_interval_seconds)
         ),
+        asyncio.create_task(server.service.pool.run()),
     ]
     web = uvicorn.Server(uvicorn_config)
     watcher = asyncio.create_task(_announce(web, server, on_ready))
     if stop is not None:
         tasks.append(asyncio.create_task(_stop_when(stop, web)))
     try:
-        await web.serve(sockets=sockets)
+        with _stop_signals_handled():
+            await web.serve(sockets=sockets)
     finally:
         gate.close_all()  # handshakes still running, WebSockets uvicorn no longer tracks
         for task in (*tasks, watcher):
             task.cancel()
         await asyncio.gather(*tasks, watcher, return_exceptions=True)
+
+
+@contextlib.contextmanager
+def _stop_signals_handled() -> Iterator[None]:
+    """While uvicorn serves: SIGTERM and SIGINT stop it, and nothing more.
+
+    uvicorn raises the signal it caught again once it has shut down, with the handler it found. Left
+    at the default, SIGTERM would then end the process at once, skipping every ``finally`` after it:
+    the warm pool's sandboxes (``open_server``) would outlive the server. A handler that does
+    nothing lets the shutdown run to its end.
+    """
+    if threading.current_thread() is not threading.main_thread():  # signals are the main thread's
+        yield
+        return
+    stopping = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.signal(sig, lambda _sig, _frame: None) for sig in stopping}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 async def _stop_when(stop: asyncio.Event, web: uvicorn.Server) -> None:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,3 +49,12 @@ def managed_server(
         if passed and not keep_log():
             server.log.unlink(missing_ok=True)
         assert not leftovers, f"mounts left behind: {leftovers}"
+
+
+def run_client(command: list[str], server: ManagedServer, cwd: str | None = None) -> Any:
+    """Run an official client's script in the server's client environment; its last output line, as JSON."""
+    result = subprocess.run(
+        command, env=server.clients_env(), cwd=cwd, capture_output=True, text=True, timeout=900, check=False
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])

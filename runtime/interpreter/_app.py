@@ -1,5 +1,9 @@
 """The HTTP surface (docs/PROTOCOL-NOTES.md, Code Interpreter): ``/health``, ``/contexts`` and the ``/execute`` stream.
 
+One route of our own, ``/startup``, is not upstream's: 503 while the startup languages' default
+kernels are starting, 200 once they have (or failed to). The server's warm pool asks it before it
+offers a sandbox of this template, so a claimed sandbox's first run finds its kernel up.
+
 Requests are parsed and checked here, then handed to ``Contexts`` / ``Run``; answers follow
 upstream's shapes: JSON on success, plain-text bodies for 400/404/500. CORS is open to every
 origin, method and header; the server does no authentication of its own (the edge checks
@@ -173,6 +177,11 @@ class Handlers:
     async def health(self, request: Request) -> Response:
         return JSONResponse("OK")
 
+    async def startup(self, request: Request) -> Response:
+        if self.contexts.starting_defaults():
+            return _text(503, "default kernels are starting")
+        return JSONResponse("OK")
+
     async def create_context(self, request: Request) -> Response:
         body = await _json_body(request)
         language = _languages.normalize_language(_optional_str(body, "language"))
@@ -261,6 +270,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     return Starlette(
         routes=[
             Route("/health", handlers.health, methods=["GET"]),
+            Route("/startup", handlers.startup, methods=["GET"]),
             Route("/contexts", handlers.create_context, methods=["POST"]),
             Route("/contexts", handlers.list_contexts, methods=["GET"]),
             Route("/contexts/{context_id}", handlers.remove_context, methods=["DELETE"]),

@@ -18,10 +18,11 @@ never waits for a running execution (it tells the run instead, which then ends).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -73,6 +74,10 @@ class EnvdClient:
     def __init__(self, base_url: str) -> None:
         self._url = base_url.rstrip("/") + "/envs"
         self._warned = False
+        # One client for the server's life, made at start: a new one per first run cost ~40 ms
+        # (its TLS context), paid by every sandbox's first run_code. trust_env off: a proxy from
+        # the sandbox's environment must not see these requests.
+        self._client = httpx.AsyncClient(timeout=ENVD_TIMEOUT_S, trust_env=False)
 
     async def fetch(self, access_token: str | None) -> dict[str, str] | None:
         """The variables, or None when envd cannot be asked (logged, never raised).
@@ -81,9 +86,7 @@ class EnvdClient:
         """
         headers = {ACCESS_TOKEN_HEADER: access_token} if access_token else {}
         try:
-            # trust_env off: a proxy from the sandbox's environment must not see this request.
-            async with httpx.AsyncClient(timeout=ENVD_TIMEOUT_S, trust_env=False) as client:
-                response = await client.get(self._url, headers=headers)
+            response = await self._client.get(self._url, headers=headers)
         except httpx.HTTPError as exc:
             self._warn("not reachable (%s)", type(exc).__name__)
             return None
@@ -98,6 +101,14 @@ class EnvdClient:
             self._warn("answered something that is not a string map")
             return None
         return {str(name): value for name, value in data.items()}
+
+    async def warm(self) -> None:
+        """One request whose answer is dropped: a first fetch pays ~35 ms of first use, paid here at start."""
+        with contextlib.suppress(httpx.HTTPError):
+            await self._client.get(self._url)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
 
     def _warn(self, what: str, *args: object) -> None:
         # Every run asks again while envd fails: one warning, then debug lines.
@@ -254,16 +265,27 @@ class Contexts:
             context = Context(self, language, self.settings.cwd)
             self._contexts[context.id] = context
             self._defaults[language] = context.id
-            task = asyncio.create_task(self._warm_up(context), name=f"default-{language}-kernel")
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._in_background(self._warm_up(context), f"default-{language}-kernel")
             started.append(context)
+        self._in_background(self.envd.warm(), "envd-client")
         return started
 
+    def _in_background(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def starting_defaults(self) -> bool:
+        """Whether the startup work (default kernels, the envd client's first use) is still under way."""
+        return bool(self._background)
+
     async def _warm_up(self, context: Context) -> None:
+        """Start the kernel, then one silent run: a kernel's first run costs ~20 ms more than the next."""
         try:
-            await context.ensure_started()
-        except (KernelStartError, ContextClosedError) as exc:
+            kernel = await context.ensure_started()
+            if not await context.run_silently(kernel, _languages.WARM_UP[context.language]):
+                logger.warning("default %s kernel: the warm-up run failed", context.language)
+        except (KernelStartError, ContextClosedError, ContextRestartedError) as exc:
             logger.error("default %s kernel did not start: %s", context.language, exc)
 
     def list(self) -> list[Context]:
@@ -317,3 +339,4 @@ class Contexts:
         for result in results:
             if isinstance(result, BaseException):
                 logger.warning("closing a context failed: %r", result)
+        await self.envd.aclose()

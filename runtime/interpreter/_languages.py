@@ -36,6 +36,9 @@ KERNEL_KINDS: Final[Mapping[str, str]] = {
 SUPPORTED_LANGUAGES: Final[tuple[str, ...]] = tuple(KERNEL_KINDS)
 # Started with the server, as upstream's are; the others on their first use.
 STARTUP_LANGUAGES: Final[tuple[str, ...]] = ("python", "javascript")
+# What each startup language's kernel runs once, silently (no output, history or count), before it
+# is offered: a statement that leaves nothing behind in the user's namespace.
+WARM_UP: Final[Mapping[str, str]] = {"python": "pass", "javascript": "undefined;"}
 
 # Which names each kind accepts for an environment variable. The process environment takes
 # anything without "=" or NUL; bash's export takes identifiers only. Names outside these are

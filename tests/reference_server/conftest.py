@@ -77,8 +77,20 @@ class Plane:
         return created
 
 
+def plane_settings(**changes: Any) -> ServiceSettings:
+    """The service settings of the test planes, with ``changes``."""
+    values: dict[str, Any] = {"domain": "e2b.test:8443", "envd_version": "0.6.4", "templates": frozenset({"base"})}
+    return ServiceSettings(**{**values, **changes})
+
+
 def sandbox_service(
-    store: Store, backend: FakeBackend, clock: Clock, initializer: RecordingInitializer, **extra: Any
+    store: Store,
+    backend: FakeBackend,
+    clock: Clock,
+    initializer: RecordingInitializer,
+    *,
+    settings: ServiceSettings | None = None,
+    **extra: Any,
 ) -> SandboxService:
     """The sandbox service every in-process control plane of these tests stands on."""
     return SandboxService(
@@ -86,7 +98,7 @@ def sandbox_service(
         snapshots=SnapshotStore(store.db),
         backend=backend,
         vault=TokenVault(b"k" * 32),
-        settings=ServiceSettings(domain="e2b.test:8443", envd_version="0.6.4", templates=frozenset({"base"})),
+        settings=settings or plane_settings(),
         initialize=initializer,
         metrics=MetricsBook(backend, clock=clock),
         clock=clock,

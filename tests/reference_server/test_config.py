@@ -79,6 +79,8 @@ def test_defaults_are_the_documented_ones(env: dict[str, str], data_dir: Path) -
         "registry_mirrors": (),
         "insecure_registries": (),
         "max_parallel_builds": 2,
+        "warm_pool": ("base=2", "code-interpreter-v1=1"),
+        "warm_pool_memory_mb": 4096,
     }
     assert runtime_backends.serving_backends() == BACKENDS
     assert "crun" in BACKENDS
@@ -155,6 +157,8 @@ def test_every_variable_is_read(tmp_path: Path, env: dict[str, str]) -> None:
         "registry_mirrors": "docker.io=mirror.internal:5000, docker.io=127.0.0.1:5001/cache",
         "insecure_registries": "mirror.internal:5000",
         "max_parallel_builds": "4",
+        "warm_pool": "base=1, code-interpreter-v1=0",
+        "warm_pool_memory_mb": "1024",
     }
     assert set(values) == set(FIELDS)
     config = load_config(None, {**env, **{env_variable(key): value for key, value in values.items()}})
@@ -188,7 +192,10 @@ def test_every_variable_is_read(tmp_path: Path, env: dict[str, str]) -> None:
         "registry_mirrors": ("docker.io=mirror.internal:5000", "docker.io=127.0.0.1:5001/cache"),
         "insecure_registries": ("mirror.internal:5000",),
         "max_parallel_builds": 4,
+        "warm_pool": ("base=1", "code-interpreter-v1=0"),
+        "warm_pool_memory_mb": 1024,
     }
+    assert config.warm_pool_sizes() == {"base": 1, "code-interpreter-v1": 0}
     settings = config.registry_settings()
     assert settings.mirrors == {"docker.io": ("mirror.internal:5000", "127.0.0.1:5001/cache")}
     assert settings.plain_http("mirror.internal:5000")
@@ -316,6 +323,12 @@ def test_single_label_domain_is_refused_with_the_reason(tmp_path: Path, env: dic
         ("registry_mirrors", "docker.io=bad host", "the mirror must be host[:port][/path]"),
         ("insecure_registries", "not a host", "expected registry=mirror"),
         ("max_parallel_builds", "0", "1..64"),
+        ("warm_pool", "base", "expected template=count"),
+        ("warm_pool", "base=two", "expected template=count"),
+        ("warm_pool", "base=65", "the count must be 0..64"),
+        ("warm_pool", "base=1,base=2", "'base' is listed twice"),
+        ("warm_pool", "../x=1", "is not a template name"),
+        ("warm_pool_memory_mb", "-1", "0..4194304"),
     ],
 )
 def test_variable_errors_name_the_variable(env: dict[str, str], key: str, value: str, problem: str) -> None:
@@ -324,6 +337,17 @@ def test_variable_errors_name_the_variable(env: dict[str, str], key: str, value:
     message = str(info.value)
     assert message.startswith(f"environment variable {env_variable(key)}: {key}: "), message
     assert problem in message
+
+
+def test_warm_pool_holds_only_served_templates(env: dict[str, str]) -> None:
+    """A warm pool of a template the server does not serve would start sandboxes nobody can create."""
+    with pytest.raises(ConfigError, match=r"warm_pool: 'other' is not one of the served templates \(base, "):
+        load_config(None, {**env, env_variable("warm_pool"): "base=1,other=1"})
+    only_base = {env_variable("templates"): "base", env_variable("warm_pool"): "code-interpreter-v1=1"}
+    with pytest.raises(ConfigError, match="'code-interpreter-v1' is not one of the served templates"):
+        load_config(None, {**env, **only_base})
+    # The default keeps only what is served: narrowing the templates needs no pool setting.
+    assert load_config(None, {**env, env_variable("templates"): "base"}).warm_pool == ("base=2",)
 
 
 @pytest.mark.parametrize("variable", ["E2B_COMPAT_SERVER_PROT", "E2B_COMPAT_SERVER_port", "E2B_COMPAT_SERVER_"])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -54,3 +56,23 @@ async def test_the_data_folder_and_a_restart(tmp_path: Path) -> None:
         assert again.api_key == first_key, "the first-start key is kept"
         assert (data / "ca.pem").read_bytes() == ca, "clients were told to trust this CA: it is kept"
         assert again.reconciliation.kept == (sandbox_id,)
+
+
+# uvicorn raises the stop signal again after its shutdown: with the default SIGTERM handler that
+# ended the process before open_server's cleanup (the warm pool's sandboxes outlived the server).
+STOP_SIGNAL = """
+import signal
+from reference_server._server import _stop_signals_handled
+with _stop_signals_handled():
+    signal.raise_signal(signal.SIGTERM)
+    signal.raise_signal(signal.SIGINT)
+print("cleanup runs")
+"""
+
+
+def test_a_stop_signal_raised_again_after_shutdown_lets_the_cleanup_run() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", STOP_SIGNAL], capture_output=True, text=True, timeout=60, check=False, cwd=repo
+    )
+    assert (done.returncode, done.stdout) == (0, "cleanup runs\n"), done.stderr

@@ -52,6 +52,9 @@ SETTINGS: dict[str, str] = {
     "disk_mb": "256",  # the disk filler writes this much to the host: small, whatever the host has free
     "templates": "base",
     "request_head_timeout_seconds": "5",
+    # The scenarios account for every runtime sandbox against the store; warm sandboxes have no
+    # record (the pool's own crash and load behaviour: tests/reference_server/live/test_crash.py).
+    "warm_pool_memory_mb": "0",
 }
 
 

@@ -11,11 +11,8 @@ own pulls through a mirror for a registry it cannot reach. One image build runs 
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
@@ -23,7 +20,7 @@ from conformance._clients import NodeClients, PythonClients
 from conformance._endpoint import ManagedServer
 from conformance._registry import Pushed, Registry, changes_layer, local_registry, push_image, userland_layer
 from runtime.templates import ensure_template
-from tests.servers import managed_server
+from tests.servers import managed_server, run_client
 
 pytestmark = [pytest.mark.artifacts]
 
@@ -47,14 +44,6 @@ def registries() -> Iterator[Registries]:
         image = push_image(anonymous, "team/tiny", "1", layers, env=env, as_index=True)
         private_image = push_image(private, "team/secret", "v2", layers, env=env)
         yield Registries(anonymous, private, image, private_image, layers)
-
-
-def _run(command: list[str], server: ManagedServer, cwd: str | None = None) -> Any:
-    result = subprocess.run(
-        command, env=server.clients_env(), cwd=cwd, capture_output=True, text=True, timeout=900, check=False
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 PY_SYNC = r"""
@@ -127,7 +116,7 @@ def test_python_sync_builds_from_registry_images(
     live_server: ManagedServer, python_clients: PythonClients, registries: Registries
 ) -> None:
     args = [registries.private_image.reference, registries.image.reference, PASSWORD]
-    out = _run([str(python_clients.python), "-I", "-c", PY_SYNC, *args], live_server)
+    out = run_client([str(python_clients.python), "-I", "-c", PY_SYNC, *args], live_server)
     assert out["whoami"].split() == ["user", "/home/user/work"]
     assert out["env"] == "from-the-image|from-a-step"  # the image's environment, then the steps'
     assert out["python"] == "no-python"  # the agent brought its own interpreter
@@ -172,7 +161,7 @@ asyncio.run(main())
 def test_python_async_builds_from_an_image_in_the_background(
     live_server: ManagedServer, python_clients: PythonClients, registries: Registries
 ) -> None:
-    out = _run([str(python_clients.python), "-I", "-c", PY_ASYNC, registries.image.reference], live_server)
+    out = run_client([str(python_clients.python), "-I", "-c", PY_ASYNC, registries.image.reference], live_server)
     assert out["last"] == "ready"
     assert out["text"] == ["async", "kept.txt"]
     # The log says which digest the tag was pinned to (the index narrowed to this platform).
@@ -200,7 +189,7 @@ def test_js_builds_from_a_private_image(
     live_server: ManagedServer, node_clients: NodeClients, registries: Registries
 ) -> None:
     command = ["node", "-e", JS, registries.private_image.reference, PASSWORD]
-    out = _run(command, live_server, cwd=str(node_clients.root))
+    out = run_client(command, live_server, cwd=str(node_clients.root))
     assert out["text"] == ["js", "from-the-image"]
 
 
@@ -227,7 +216,7 @@ def test_a_registry_serving_other_bytes_fails_the_build(
     data = bytearray(blob.read_bytes())
     data[len(data) // 2] ^= 0xFF
     blob.write_bytes(bytes(data))
-    out = _run([str(python_clients.python), "-I", "-c", TAMPERED, pushed.reference], live_server)
+    out = run_client([str(python_clients.python), "-I", "-c", TAMPERED, pushed.reference], live_server)
     assert out != "built"
     assert "digest" in out.lower() or "checksum" in out.lower(), out
 
@@ -251,7 +240,7 @@ def test_a_mirror_serves_a_registry_the_host_cannot_reach(
     unreachable = "127.0.0.1:9"
     env = {"E2B_COMPAT_SERVER_REGISTRY_MIRRORS": f"{unreachable}={registries.anonymous.host}"}
     with managed_server("mirror", env) as server:
-        out = _run([str(python_clients.python), "-I", "-c", MIRRORED, f"{unreachable}/team/tiny:1"], server)
+        out = run_client([str(python_clients.python), "-I", "-c", MIRRORED, f"{unreachable}/team/tiny:1"], server)
     assert out == ["mirrored", "from-the-image"]
 
 
@@ -279,5 +268,5 @@ print(json.dumps(out))
 def test_every_backend_builds_and_runs_image_templates(
     backend_server: ManagedServer, python_clients: PythonClients, registries: Registries
 ) -> None:
-    out = _run([str(python_clients.python), "-I", "-c", SMALL, registries.image.reference], backend_server)
+    out = run_client([str(python_clients.python), "-I", "-c", SMALL, registries.image.reference], backend_server)
     assert out == ["built", "user", "/opt/old/kept.txt", "up"]

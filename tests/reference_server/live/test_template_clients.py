@@ -11,14 +11,11 @@ on every serving backend (``backend_server``).
 
 from __future__ import annotations
 
-import json
-import subprocess
-from typing import Any
-
 import pytest
 
 from conformance._clients import NodeClients, PythonClients
 from conformance._endpoint import ManagedServer
+from tests.servers import run_client
 
 pytestmark = [pytest.mark.artifacts]
 
@@ -189,18 +186,10 @@ print(json.dumps(out))
 """
 
 
-def _run(command: list[str], server: ManagedServer, cwd: str | None = None) -> Any:
-    result = subprocess.run(
-        command, env=server.clients_env(), cwd=cwd, capture_output=True, text=True, timeout=900, check=False
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 def test_python_sync_builds_with_every_step_and_sandboxes_start_from_them(
     live_server: ManagedServer, python_clients: PythonClients
 ) -> None:
-    out = _run([str(python_clients.python), "-I", "-c", PY_SYNC], live_server)
+    out = run_client([str(python_clients.python), "-I", "-c", PY_SYNC], live_server)
     assert out["tags"] == ["v1"]
     assert out["whoami"] == "user"
     assert out["pwd"] == "/srv/site"
@@ -227,14 +216,14 @@ def test_python_sync_builds_with_every_step_and_sandboxes_start_from_them(
 
 
 def test_python_async_builds_in_the_background(live_server: ManagedServer, python_clients: PythonClients) -> None:
-    out = _run([str(python_clients.python), "-I", "-c", PY_ASYNC], live_server)
+    out = run_client([str(python_clients.python), "-I", "-c", PY_ASYNC], live_server)
     assert out["last"] == "ready"
     assert out["logs"] > 0
     assert out["text"] == "async-built"
 
 
 def test_js_builds_tags_and_creates(live_server: ManagedServer, node_clients: NodeClients) -> None:
-    out = _run(["node", "-e", JS], live_server, cwd=str(node_clients.root))
+    out = run_client(["node", "-e", JS], live_server, cwd=str(node_clients.root))
     assert out["exists"] == [True, False]
     assert out["tags"] == ["js1", "js2"]
     assert out["text"].split() == ["js-built", "from-js", "ready"]
@@ -242,5 +231,5 @@ def test_js_builds_tags_and_creates(live_server: ManagedServer, node_clients: No
 
 
 def test_every_backend_builds_and_runs_templates(backend_server: ManagedServer, python_clients: PythonClients) -> None:
-    out = _run([str(python_clients.python), "-I", "-c", SMALL], backend_server)
+    out = run_client([str(python_clients.python), "-I", "-c", SMALL], backend_server)
     assert out == ["copied", "built", "child", "user"]

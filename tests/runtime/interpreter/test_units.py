@@ -366,7 +366,14 @@ def test_kernel_command_lines() -> None:
 
 
 def test_unreachable_envd_is_not_an_error() -> None:
-    assert asyncio.run(EnvdClient("http://127.0.0.1:9").fetch("token")) is None
+    async def fetch() -> dict[str, str] | None:
+        client = EnvdClient("http://127.0.0.1:9")
+        try:
+            return await client.fetch("token")
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(fetch()) is None
 
 
 def test_agent_does_not_load_jupyter() -> None:
@@ -384,3 +391,43 @@ def test_public_surface() -> None:
     assert interpreter.__all__ == ["SUPPORTED_LANGUAGES", "Settings", "create_app", "main", "serve"]
     for name in interpreter.__all__:
         assert getattr(interpreter, name) is not None
+
+
+# --- startup readiness (the warm pool's probe) ---------------------------------------------------
+
+
+def test_startup_route_waits_for_the_default_kernels(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``/startup`` is 503 while a default kernel is starting and 200 once every one has (or failed to)."""
+    import httpx  # only this test serves the app
+
+    from runtime.interpreter._app import create_app
+    from runtime.interpreter._contexts import Context, Settings
+
+    started: list[str] = []
+
+    async def main() -> tuple[int, int, int]:
+        release = asyncio.Event()
+
+        async def slow_start(self: Context) -> None:
+            started.append(self.language)
+            await release.wait()
+
+        monkeypatch.setattr(Context, "ensure_started", slow_start)
+        app = create_app(Settings(cwd=str(tmp_path)))
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://interpreter") as client,
+        ):
+            await asyncio.sleep(0)  # the background starts begin
+            starting = (await client.get("/startup")).status_code
+            health = (await client.get("/health")).status_code  # the port answers at once
+            release.set()
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                ready = (await client.get("/startup")).status_code
+                if ready != 503:
+                    break
+            return starting, health, ready
+
+    assert asyncio.run(main()) == (503, 200, 200)
+    assert started == list(_languages.STARTUP_LANGUAGES)
