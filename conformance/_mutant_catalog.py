@@ -614,4 +614,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "a template from an image loses the image's environment (its PATH and variables)",
         (TEMPLATE_IMAGE,),
     ),
+    Mutant(
+        "server/warm-pool/claim-under-a-new-id",
+        SERVICE,
+        "sandbox_id = warm.sandbox_id if warm is not None else new_sandbox_id()",
+        "sandbox_id = new_sandbox_id()",
+        "a create that claims a warm sandbox records it under a new id: its host name and E2B_SANDBOX_ID are another's",
+        ("sandbox/lifecycle/parallel-creates",),
+    ),
 )
