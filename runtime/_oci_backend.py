@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -50,6 +51,7 @@ import httpx
 from contract.protocol import ENVD_PORT
 
 from . import _addresses, _disk, _hostfs, _idmap, _idranges, _network, _oci, _sharing
+from ._threads import to_thread_to_the_end
 from .backend import (
     DEFAULT_FEATURES,
     Action,
@@ -293,8 +295,8 @@ class OciBackend:
                     },
                 )
                 self._save(record)
-                try:
-                    await asyncio.to_thread(self._provision, record)
+                try:  # a cancelled create releases once its provision ended, not while it runs on
+                    await to_thread_to_the_end(functools.partial(self._provision, record))
                 except BaseException:
                     await asyncio.to_thread(self._release, record)
                     raise

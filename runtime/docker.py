@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -75,6 +76,7 @@ from ._docker_engine import prepare_host as _prepare_engine
 from ._docker_reaper import REAPING, Reaper
 from ._docker_reconcile import reconcile
 from ._oci_backend import _policy, _reported, _wait_healthy
+from ._threads import to_thread_to_the_end
 from .backend import (
     Action,
     BackendError,
@@ -332,7 +334,8 @@ class DockerBackend:
                 self._save(record)
                 try:
                     with self._reaper.yielding():  # removals wait: a client waits for this
-                        await asyncio.to_thread(self._provision, record)
+                        # A cancelled create releases once its provision ended, not while it runs on.
+                        await to_thread_to_the_end(functools.partial(self._provision, record))
                 except BaseException:
                     await asyncio.to_thread(self._release, record)
                     raise

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import threading
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -561,3 +562,38 @@ def test_a_backend_registers_as_a_user_of_its_templates(tmp_path: Path, no_host:
     assert lowers_in_use(cache) == served
     run(oci.kill("u1"))
     assert lowers_in_use(cache) == served
+
+
+def test_a_cancelled_create_releases_after_its_provision_ended(
+    backend: MemoryOciBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The provision runs in a thread that a cancel does not stop: releasing before it ends would leak."""
+    began, go_on = threading.Event(), threading.Event()
+    order: list[str] = []
+    provision, release = OciBackend._provision, OciBackend._release
+
+    def slow_provision(self: OciBackend, record: _oci_backend.Record) -> None:
+        began.set()
+        go_on.wait(10)
+        provision(self, record)
+        order.append("provisioned")
+
+    def recorded_release(self: OciBackend, record: _oci_backend.Record) -> None:
+        order.append("released")
+        release(self, record)
+
+    monkeypatch.setattr(OciBackend, "_provision", slow_provision)
+    monkeypatch.setattr(OciBackend, "_release", recorded_release)
+
+    async def main() -> None:
+        creating = asyncio.create_task(backend.create(spec("c1")))
+        await asyncio.to_thread(began.wait, 10)
+        creating.cancel()
+        await asyncio.sleep(0.05)
+        go_on.set()
+        with pytest.raises(asyncio.CancelledError):
+            await creating
+
+    run(main())
+    assert order == ["provisioned", "released"]
+    assert run(backend.list()) == []
