@@ -76,6 +76,7 @@ __all__ = ["FEATURES", "PLATFORM", "RUNSC_VERSION", "GvisorBackend", "open_backe
 _log = logging.getLogger(__name__)
 # What ``runsc state`` says of a container whose sentry still runs (``created``: a boot in progress).
 _ALIVE = ("created", "running", "paused")
+_RECHECK_S = 0.5  # before a sandbox runsc did not call alive is settled as dead
 
 
 class GvisorBackend(OciBackend):
@@ -167,9 +168,21 @@ class GvisorBackend(OciBackend):
                 record = self._record(sandbox_id)
                 if record.state != State.RUNNING.value or record.container is None or record.releasing:
                     return False
-                if await asyncio.to_thread(self._runtime.status, record.container) in _ALIVE:
+                # Asked twice: one unanswered ``runsc state`` (busy, say, while other sandboxes start on
+                # a loaded host) must not end a sandbox that lives; a sentry that died stays dead.
+                first = await asyncio.to_thread(self._runtime.status, record.container)
+                if first in _ALIVE:
                     return False
-                _log.warning("sandbox %s: its gVisor kernel is gone (out of memory?); recorded stopped", sandbox_id)
+                await asyncio.sleep(_RECHECK_S)
+                second = await asyncio.to_thread(self._runtime.status, record.container)
+                if second in _ALIVE:
+                    _log.info("sandbox %s: runsc answered %r, then %r: kept", sandbox_id, first, second)
+                    return False
+                _log.warning(
+                    "sandbox %s: its gVisor kernel is gone (out of memory?; runsc says %r); recorded stopped",
+                    sandbox_id,
+                    second,
+                )
                 await self._stop_container(record)  # runsc's state and any gofer left
                 record.state = State.STOPPED.value
                 self._save(record)

@@ -219,6 +219,26 @@ def test_a_sandbox_whose_sentry_died_is_stopped_and_resumes_afresh(backend: Gvis
 
 @root_only
 @pytest.mark.artifacts
+def test_one_unanswered_state_query_does_not_stop_a_live_sandbox(
+    backend: GvisorBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = started(backend, "gt1")
+    real = backend._runtime.status
+    answers: list[str | None] = []
+
+    def once_unanswered(container: str) -> str | None:
+        answer = None if not answers else real(container)  # the first query fails, as a busy runsc's may
+        answers.append(answer)
+        return answer
+
+    monkeypatch.setattr(backend._runtime, "status", once_unanswered)
+    assert run(backend.inspect("gt1")).state is State.RUNNING
+    assert answers[:2] == [None, "running"], "asked again before settling"
+    assert shell(host, "true")[0] == 0, "the sandbox still runs"
+
+
+@root_only
+@pytest.mark.artifacts
 def test_pause_memory_keeps_processes_and_filesystem_pause_keeps_files(backend: GvisorBackend) -> None:
     host = started(backend, "gp1")
     counter = (

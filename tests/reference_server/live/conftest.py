@@ -39,6 +39,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the server's crun san
 
 SCENARIOS = ALL_SCENARIOS / "sandbox"
 LiveServer = ManagedServer
+SERVER_LOG_LINES = 60  # of a failed case's server, in its report
 SWEEPS = {"E2B_COMPAT_SERVER_REAPER_INTERVAL_SECONDS": "0.5", "E2B_COMPAT_SERVER_METRICS_INTERVAL_SECONDS": "1"}
 
 
@@ -97,7 +98,19 @@ def check_case(request: pytest.FixtureRequest, runner: ScenarioRunner, flavour: 
     if request.node.callspec.params["backend_server"] == DEFAULT_BACKEND:
         verdict(request.getfixturevalue("default_run"), flavour, case)
         return
-    case.check(runner(flavour, case.scenario, CASE_TIMEOUT_S), runner.work(flavour, case.scenario))
+    try:
+        case.check(runner(flavour, case.scenario, CASE_TIMEOUT_S), runner.work(flavour, case.scenario))
+    except Exception as exc:  # the server's side of it: its log goes when the server stops
+        server: LiveServer = request.getfixturevalue("backend_server")
+        exc.add_note(f"the server's log, last {SERVER_LOG_LINES} lines:\n{log_tail(server, SERVER_LOG_LINES)}")
+        raise
+
+
+def log_tail(server: LiveServer, lines: int) -> str:
+    try:
+        return "\n".join(server.log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(unreadable: {exc})"
 
 
 @pytest.fixture(scope="package", params=serving_backends())
