@@ -235,6 +235,11 @@ class ManagedServer:
             await backend.reconcile()
 
         asyncio.run(kill_all())
+        # Volumes stay mounted while the host runs (a second mount of an image would corrupt it);
+        # with nothing of this server's left running, they are unmounted too.
+        from runtime.volumes import VolumeStorage  # noqa: PLC0415
+
+        VolumeStorage(self.data_dir / "volumes").release_all()
 
 
 Endpoint = ExternalEndpoint | ManagedServer

@@ -103,6 +103,7 @@ class ServerConfig:
     cpu_count: int = _setting(2, "vCPUs of a sandbox.")
     memory_mb: int = _setting(512, "Memory of a sandbox, MiB (at least its template's own size, if it has one).")
     disk_mb: int = _setting(2048, "Disk of a sandbox, MiB: a full disk is ENOSPC inside it (507 on upload).")
+    volume_mb: int = _setting(1024, "Size of a new volume, MiB: a full volume is ENOSPC in sandboxes, 507 on upload.")
     max_timeout_seconds: int = _setting(
         UPSTREAM_MAX_TIMEOUT_SECONDS, "Longest sandbox timeout a request may ask for (E2B caps it at 24 h)."
     )
@@ -370,6 +371,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "cpu_count": _int_in(1, 1024),
     "memory_mb": _int_in(64, 4 * 1024 * 1024),
     "disk_mb": _int_in(16, 16 * 1024 * 1024),  # runtime._disk.MIN_MB: ext4's own structures need a few MiB
+    "volume_mb": _int_in(16, 16 * 1024 * 1024),
     "max_timeout_seconds": _int_in(1, _LONGEST_TIMEOUT_SECONDS),
     "reaper_interval_seconds": _seconds_in(0.01, 3600),
     "metrics_interval_seconds": _seconds_in(0.1, 3600),
@@ -403,6 +405,7 @@ _FIELD_TYPES: dict[str, str] = {
     "cpu_count": "int",
     "memory_mb": "int",
     "disk_mb": "int",
+    "volume_mb": "int",
     "max_timeout_seconds": "int",
     "reaper_interval_seconds": "float",
     "metrics_interval_seconds": "float",

@@ -40,6 +40,11 @@ BODY_TOO_LARGE = "Request body is too large"
 ROUTE_NOT_FOUND = "Not found"
 NOT_ON_BACKEND = "This server's isolation backend ({backend}) does not support {what}"
 METHOD_NOT_ALLOWED = "Method not allowed"
+VOLUME_NOT_FOUND = "Volume not found"
+VOLUME_MOUNT_UNAVAILABLE = "Volume mount is unavailable"
+VOLUME_EXISTS = "Volume already exists"
+VOLUME_IN_USE = "Volume is in use"
+INVALID_VOLUME_TOKEN = "Invalid volume token"  # noqa: S105 - a message, not a secret
 
 
 class ApiError(Exception):

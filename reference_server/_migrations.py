@@ -212,12 +212,31 @@ CREATE TABLE retired_layers (
 ) STRICT;
 """
 
+# Volumes (``_volumes``): an owner's named volumes, their sealed content-API token and size. The
+# state orders a crash: ``creating`` until the files exist, ``deleting`` once their removal began
+# (start-up finishes both); only ``ready`` volumes are mounted or served.
+_VOLUMES = """
+CREATE TABLE volumes (
+    volume_id TEXT PRIMARY KEY CHECK (volume_id <> ''),
+    owner TEXT NOT NULL CHECK (owner <> ''),
+    name TEXT NOT NULL CHECK (name <> ''),
+    token TEXT NOT NULL CHECK (json_valid(token) AND json_type(token) = 'object'),
+    size_mb INTEGER NOT NULL CHECK (size_mb >= 16),
+    state TEXT NOT NULL CHECK (state IN ('creating', 'ready', 'deleting')),
+    created_at TEXT NOT NULL
+) STRICT;
+
+CREATE UNIQUE INDEX volumes_by_name ON volumes (owner, name);
+CREATE INDEX volumes_by_owner ON volumes (owner, created_at, volume_id);
+"""
+
 # Append only; never edit an entry once a server has shipped with it.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "sandboxes", _SANDBOXES),
     Migration(2, "api_keys", _API_KEYS),
     Migration(3, "snapshots", _SNAPSHOTS),
     Migration(4, "templates", _TEMPLATES),
+    Migration(5, "volumes", _VOLUMES),
 )
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "TRANSITIONS",
     "Defaults",
     "LifecycleEvent",
+    "MountedVolume",
     "NetworkSettings",
     "SandboxDetails",
     "SandboxRecord",
@@ -216,6 +217,27 @@ class LifecycleEvent:
         )
 
 
+@dataclass(frozen=True)
+class MountedVolume:
+    """A volume a create asked for: the name it gave (reported back), the volume it is, where it is seen."""
+
+    volume_id: str
+    name: str
+    path: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"volume_id": self.volume_id, "name": self.name, "path": self.path}
+
+    @classmethod
+    def from_dict(cls, value: object) -> MountedVolume:
+        data = _object(value, "volume mount", frozenset({"volume_id", "name", "path"}))
+        return cls(
+            _typed(data.get("volume_id"), str, "volume_mount.volume_id"),
+            _typed(data.get("name"), str, "volume_mount.name"),
+            _typed(data.get("path"), str, "volume_mount.path"),
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class SandboxDetails:
     """Everything about a sandbox that the store does not search by."""
@@ -242,6 +264,7 @@ class SandboxDetails:
     # processes start afresh (a pause without memory, a host restart).
     start_cmd: str | None = None
     ready_cmd: str | None = None
+    volume_mounts: tuple[MountedVolume, ...] = ()  # kept while the sandbox lives: its volumes are in use
     events: tuple[LifecycleEvent, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -268,6 +291,8 @@ class SandboxDetails:
                 document[name] = getattr(self, name)
         if self.disk_mb:  # absent from records made before disks had a size: they read back unchanged
             document["disk_mb"] = self.disk_mb
+        if self.volume_mounts:  # absent from sandboxes without volumes (and records made before them)
+            document["volume_mounts"] = [mount.to_dict() for mount in self.volume_mounts]
         return document
 
     @classmethod
@@ -286,6 +311,10 @@ class SandboxDetails:
             if not isinstance(data["events"], list):
                 raise ValueError("data.events must be a list")
             values["events"] = tuple(LifecycleEvent.from_dict(event) for event in data["events"])
+        if data.get("volume_mounts") is not None:
+            if not isinstance(data["volume_mounts"], list):
+                raise ValueError("data.volume_mounts must be a list")
+            values["volume_mounts"] = tuple(MountedVolume.from_dict(mount) for mount in data["volume_mounts"])
         return cls(**values)
 
 

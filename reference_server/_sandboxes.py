@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, cast
 
 from contract.protocol import ENVD_PORT
-from runtime.backend import Backend, Feature, Limits, SandboxRuntimeError, State
+from runtime.backend import Backend, Feature, Limits, SandboxRuntimeError, State, VolumeMount
 from runtime.host import MemoryLedger
 
 from . import _errors as text
@@ -37,10 +37,19 @@ from ._credentials import SealedToken, TokenScope, TokenVault, new_sandbox_token
 from ._errors import ApiError, runtime_refusal
 from ._events import LogQuery, append_event, query_logs, rfc3339, since
 from ._metrics import MetricsBook, Sample
-from ._records import Defaults, LifecycleEvent, NetworkSettings, SandboxDetails, SandboxRecord, SandboxState
+from ._records import (
+    Defaults,
+    LifecycleEvent,
+    MountedVolume,
+    NetworkSettings,
+    SandboxDetails,
+    SandboxRecord,
+    SandboxState,
+)
 from ._sandbox_templates import BuiltTemplates, Resolved, resolve_template, start_command
 from ._snapshots import SnapshotPage, SnapshotRecord, SnapshotStore
 from ._store import Changes, GenerationConflict, InvalidCursor, NotFound, Page, Store, StoreError
+from ._volumes import VolumeService
 from ._warm_pool import Shape, Warm, WarmPool
 
 __all__ = [
@@ -119,6 +128,7 @@ class CreateRequest:
     auto_pause_memory: bool = Defaults.AUTO_PAUSE_MEMORY
     auto_resume: bool = Defaults.AUTO_RESUME
     network: NetworkSettings = field(default_factory=NetworkSettings)
+    volume_mounts: tuple[tuple[str, str], ...] = ()  # (volume name, path in the sandbox)
 
 
 @dataclass(frozen=True)
@@ -166,6 +176,7 @@ class SandboxService:
         self._clock = clock or (lambda: datetime.now(UTC))
         self._locks: dict[str, asyncio.Lock] = {}
         self.built: BuiltTemplates | None = None  # set once the template service exists
+        self.volumes: VolumeService | None = None  # set once the volume service exists
         self.admission = Admission(
             settings.admission,
             store,
@@ -301,13 +312,14 @@ class SandboxService:
         )
         built = resolved.built
         starts = built is not None and resolved.runtime_template == built.layer  # not a snapshot of one
-        shape = self._shape(resolved, request.allow_internet_access, request.network)
+        mounts = await self._volume_mounts(owner, request.volume_mounts)
+        shape = self._shape(resolved, request.allow_internet_access, request.network, mounts)
         warm = self.pool.claim(shape)  # a sandbox of this shape the pool started: its id is this one's
         sandbox_id = warm.sandbox_id if warm is not None else new_sandbox_id()
         async with contextlib.AsyncExitStack() as held:
             try:
                 record, envd_token, traffic_token = self._new_record(
-                    owner, request, resolved, shape, sandbox_id=sandbox_id, starts=starts
+                    owner, request, resolved, shape, sandbox_id=sandbox_id, starts=starts, mounts=mounts
                 )
                 # Admitted before anything is stored; the reservation lasts until the start succeeded or was undone.
                 await held.enter_async_context(self.admission.create(owner, sandbox_id, shape.limits.memory_mb))
@@ -325,6 +337,7 @@ class SandboxService:
             if warm is not None:  # the record holds its memory now
                 self.pool.claimed(warm)
             try:
+                await self._check_volumes_stay(mounts)
                 record = await self._boot(record, shape, warm, request.timeout_s)
                 if starts:
                     await start_command(self.agent_sessions, self.settings.agent_port, record, envd_token)
@@ -339,8 +352,46 @@ class SandboxService:
         await self.metrics.sample(sandbox_id)
         return Opened(record, envd_token, traffic_token)
 
+    async def _volume_mounts(self, owner: str, asked: tuple[tuple[str, str], ...]) -> tuple[MountedVolume, ...]:
+        """The owner's ready volumes a create names, each with its path; 400 for a name there is no volume of."""
+        if not asked:
+            return ()
+        if self.volumes is None:
+            raise ApiError(400, text.VOLUME_MOUNT_UNAVAILABLE)
+        mounts = []
+        for name, path in asked:
+            volume = await self.volumes.named(owner, name)
+            if volume is None:
+                raise ApiError(400, f"Invalid request body: volumeMounts: there is no volume named {name!r}")
+            mounts.append(MountedVolume(volume.volume_id, name, path))
+        return tuple(mounts)
+
+    async def _check_volumes_stay(self, mounts: tuple[MountedVolume, ...]) -> None:
+        """Read after the record is written: a delete of a volume marks it before it looks for sandboxes
+        (``_volumes``), so either this sees the mark or that delete sees this sandbox."""
+        for mount in mounts:
+            if self.volumes is None or not await self.volumes.still_ready(mount.volume_id):
+                raise ApiError(400, f"Invalid request body: volumeMounts: volume {mount.name!r} is being deleted")
+
+    async def volume_in_use(self, volume_id: str) -> bool:
+        """Whether a sandbox that is not gone mounts the volume (a delete of it is refused then)."""
+        alive = frozenset(SandboxState) - {S.KILLED, S.FAILED}
+        return any(
+            mount.volume_id == volume_id
+            for record in await self.store.all(alive)
+            for mount in record.details.volume_mounts
+        )
+
     def _new_record(
-        self, owner: str, request: CreateRequest, resolved: Resolved, shape: Shape, *, sandbox_id: str, starts: bool
+        self,
+        owner: str,
+        request: CreateRequest,
+        resolved: Resolved,
+        shape: Shape,
+        *,
+        sandbox_id: str,
+        starts: bool,
+        mounts: tuple[MountedVolume, ...] = (),
     ) -> tuple[SandboxRecord, str | None, str | None]:
         """A create's record (state creating) and its envd and traffic tokens in the clear."""
         built = resolved.built
@@ -368,6 +419,7 @@ class SandboxService:
             default_workdir=built.config.workdir if built else None,
             start_cmd=built.config.start_cmd if built and starts else None,
             ready_cmd=built.config.ready_cmd if built and starts else None,
+            volume_mounts=mounts,
         )
         record = SandboxRecord(
             sandbox_id=sandbox_id,
@@ -383,8 +435,14 @@ class SandboxService:
         )
         return record, envd_token, traffic_token
 
-    def _shape(self, resolved: Resolved, allow_internet_access: bool, network: NetworkSettings) -> Shape:
-        """What the runtime is asked to create for a sandbox of ``resolved`` with that network."""
+    def _shape(
+        self,
+        resolved: Resolved,
+        allow_internet_access: bool,
+        network: NetworkSettings,
+        mounts: tuple[MountedVolume, ...] = (),
+    ) -> Shape:
+        """What the runtime is asked to create for a sandbox of ``resolved`` with that network and volumes."""
         built = resolved.built
         floor = self.settings.template_memory_mb.get(resolved.root, 0)  # its processes need it
         egress = self.settings.egress_enabled
@@ -398,6 +456,11 @@ class SandboxService:
             allow_internet_access=allow_internet_access and egress,
             allow_out=network.allow_out if egress else (),
             deny_out=network.deny_out,
+            volumes=tuple(
+                VolumeMount(str(self.volumes.mount_point(mount.volume_id)), mount.path)
+                for mount in mounts
+                if self.volumes is not None
+            ),
         )
 
     async def _boot(self, record: SandboxRecord, shape: Shape, warm: Warm | None, timeout_s: int) -> SandboxRecord:

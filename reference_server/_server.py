@@ -36,6 +36,7 @@ from runtime.agent import ENVD_VERSION, bind
 from runtime.backend import Backend
 from runtime.host import MemoryLedger
 from runtime.templates import TEMPLATE_MEMORY_MB, Template
+from runtime.volumes import VolumeStorage
 
 from ._admission import admission_limits
 from ._agent_init import HttpAgentInitializer
@@ -59,6 +60,7 @@ from ._store import Store
 from ._template_service import TemplateService
 from ._templates import TemplateStore
 from ._tls import EdgeCertificates, ensure_certificates, ssl_context
+from ._volumes import ORPHANED, VolumeReport, VolumeService, VolumeStore
 
 __all__ = [
     "READY_LINE",
@@ -188,6 +190,15 @@ async def open_server(
             initialize=initialize,
             metrics=MetricsBook(backend),
         )
+        service.volumes = VolumeService(
+            store=VolumeStore(store.db),
+            storage=VolumeStorage(config.data_dir / "volumes"),
+            vault=vault,
+            size_mb=config.volume_mb,
+            in_use=service.volume_in_use,
+        )
+        # Before the sandboxes: one restored after a host restart binds its volumes' files again.
+        _report_volumes(await service.volumes.open())
         reconciliation = await reconcile(service)  # kills the sandboxes of builds a stop cut off
         template_store = await TemplateStore.open(database)
         builds = TemplateService(
@@ -219,6 +230,18 @@ async def open_server(
         if own_initializer is not None:
             await own_initializer.aclose()
         await store.close()
+
+
+def _report_volumes(report: VolumeReport) -> None:
+    if report.remade or report.orphaned or report.undone:
+        log.warning(
+            "volumes settled at start: %d made again empty (their files were gone), %d sets of files "
+            "without a record set aside in %s, %d creates a stop cut off undone",
+            len(report.remade),
+            len(report.orphaned),
+            ORPHANED,
+            len(report.undone),
+        )
 
 
 async def _reaper(service: SandboxService, builds: TemplateService | None, interval: float) -> None:

@@ -55,7 +55,7 @@ def _common(record: SandboxRecord) -> dict[str, Any]:
         "endAt": _time(record.expires_at),
         "state": api_state(record.state),
         "metadata": record.metadata,
-        "volumeMounts": [],
+        "volumeMounts": [{"name": mount.name, "path": mount.path} for mount in record.details.volume_mounts],
     }
 
 

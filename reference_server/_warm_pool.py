@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import httpx
 
 from contract.protocol import INTERPRETER_PORT
-from runtime.backend import Backend, Limits, SandboxRuntimeError, SandboxSpec, State
+from runtime.backend import Backend, Limits, SandboxRuntimeError, SandboxSpec, State, VolumeMount
 from runtime.templates import INTERPRETER_TEMPLATE
 
 from ._admission import Admission
@@ -67,6 +67,7 @@ class Shape:
     allow_internet_access: bool = False
     allow_out: tuple[str, ...] = ()
     deny_out: tuple[str, ...] = ()
+    volumes: tuple[VolumeMount, ...] = ()  # never pooled: no configured shape has any
 
     def spec(self, sandbox_id: str) -> SandboxSpec:
         return SandboxSpec(
@@ -77,6 +78,7 @@ class Shape:
             allow_internet_access=self.allow_internet_access,
             allow_out=self.allow_out,
             deny_out=self.deny_out,
+            volumes=self.volumes,
         )
 
 

@@ -9,6 +9,7 @@ Public modules (everything else here is private to the runtime)::
     runtime.fake         FakeBackend: in memory, for tests above the runtime
     runtime.host         host set-up for crun sandboxes: prepare, HostNotReadyError
     runtime.templates    template root filesystems, built once and cached by content
+    runtime.volumes      volumes' files on the host: a size-limited image per volume, mounted
     runtime.agent        the in-sandbox agent (envd)
     runtime.interpreter  the Code Interpreter server inside code-interpreter templates
 

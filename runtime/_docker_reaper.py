@@ -21,13 +21,14 @@ import contextlib
 import json
 import logging
 import queue
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import docker.errors
+
+from . import _hostfs
 
 __all__ = ["MAX_DEFER_S", "REAPING", "Reaper"]
 
@@ -102,7 +103,11 @@ class Reaper:
             except (OSError, docker.errors.DockerException) as exc:  # the engine's or the socket's: retried
                 _log.warning("removing the container of killed sandbox %s failed: %s", name, exc)
                 return False
-        shutil.rmtree(home, ignore_errors=True)
+        try:
+            _hostfs.remove_tree(home)  # never through a volume's view a crash left mounted
+        except OSError as exc:
+            _log.warning("removing the folder of killed sandbox %s failed: %s", name, exc)
+            return False
         return True
 
     def _work(self) -> None:

@@ -16,12 +16,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
-import shutil
 from typing import TYPE_CHECKING
 
 import docker.errors
 
-from . import _addresses, _network
+from . import _addresses, _hostfs, _network
 from ._docker_engine import LABEL_KIND, LABEL_OWNER
 from ._docker_reaper import REAPING
 from .backend import ReconcileReport, SandboxRuntimeError, State
@@ -69,7 +68,7 @@ def reconcile(backend: DockerBackend) -> ReconcileReport:
     )
     for leftover in (backend._dir / "sandboxes").iterdir():
         if not (leftover / "record.json").exists():
-            shutil.rmtree(leftover, ignore_errors=True)  # a create that died before its record
+            _hostfs.remove_tree(leftover)  # a create that died before its record
             cleaned.append(leftover.name)
     return ReconcileReport(tuple(adopted), tuple(cleaned), tuple(stopped), _failed(backend))
 

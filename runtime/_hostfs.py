@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -102,6 +103,20 @@ def is_mount(path: str) -> bool:
 def mounts_under(folder: Path) -> list[str]:
     prefix = str(folder).rstrip("/") + "/"
     return [point for point in mount_points() if point.startswith(prefix)]
+
+
+def remove_tree(folder: Path) -> None:
+    """``rm -rf`` that never reaches through a mount: what is mounted under ``folder`` is unmounted first.
+
+    A sandbox's folder may hold a view of a volume shared with other sandboxes; deleting through
+    it would delete the volume's files. A mount that stays (busy even lazily) stops the removal.
+    """
+    for point in sorted(mounts_under(folder), key=len, reverse=True):  # the deepest first
+        unmount(point)
+    still = mounts_under(folder)
+    if still:
+        raise OSError(f"{folder}: still mounted, not deleting: {', '.join(still)}")
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def check_traversable(folder: Path) -> None:

@@ -35,6 +35,8 @@ _AT_RECURSIVE = 0x8000
 _OPEN_TREE_CLONE = 1
 _OPEN_TREE_CLOEXEC = os.O_CLOEXEC
 _MOUNT_ATTR_RDONLY = 0x00000001
+_MOUNT_ATTR_NOSUID = 0x00000002
+_MOUNT_ATTR_NODEV = 0x00000004
 _MOUNT_ATTR_IDMAP = 0x00100000
 _MOVE_MOUNT_F_EMPTY_PATH = 0x00000004
 
@@ -98,8 +100,13 @@ def _check(result: int, what: str) -> int:
     return result
 
 
-def idmapped_bind(source: str, target: str, ns_fd: int) -> None:
-    """Bind ``source`` at ``target`` with the ownership shift of the namespace ``ns_fd``."""
+def idmapped_bind(source: str, target: str, ns_fd: int, *, read_only: bool = True) -> None:
+    """Bind ``source`` at ``target`` with the ownership shift of the namespace ``ns_fd``.
+
+    Read-only unless asked: a template's layers must never be written through this view. A
+    writable view (a volume's, shared with other sandboxes) is also nosuid and nodev: what one
+    sandbox writes there never runs setuid, nor opens a device, in another.
+    """
     tree = _check(
         _libc.syscall(
             _SYS_OPEN_TREE, _AT_FDCWD, source.encode(), _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_RECURSIVE
@@ -107,8 +114,8 @@ def idmapped_bind(source: str, target: str, ns_fd: int) -> None:
         f"open_tree {source}",
     )
     try:
-        # Read-only as well: nothing may ever write to a template through this view.
-        attr = _MountAttr(_MOUNT_ATTR_IDMAP | _MOUNT_ATTR_RDONLY, 0, 0, ns_fd)
+        flags = _MOUNT_ATTR_RDONLY if read_only else _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
+        attr = _MountAttr(_MOUNT_ATTR_IDMAP | flags, 0, 0, ns_fd)
         _check(
             _libc.syscall(
                 _SYS_MOUNT_SETATTR, tree, b"", _AT_EMPTY_PATH | _AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)

@@ -162,6 +162,7 @@ class ContainerPlan:
     env: dict[str, str]
     limits: Limits
     id_mapping: list[dict[str, int]] | None = None  # user namespace: container 0 → an unprivileged host uid
+    volumes: tuple[tuple[str, str], ...] = ()  # (where in the sandbox, the host folder bound there), writable
     sysfs: str | None = None  # a sysfs of the sandbox's network namespace, bound at /sys (None: the runtime's)
     # RLIMIT_NOFILE, soft and hard: the runtime sets it inside the user namespace, where it cannot
     # go above the caller's own hard limit (the backend passes the smaller of the two).
@@ -217,6 +218,11 @@ def config(plan: ContainerPlan) -> dict[str, Any]:
             _mount("/etc/hosts", "bind", plan.hosts_file, ["rbind", "ro"]),
             _mount("/etc/resolv.conf", "bind", plan.resolv_file, ["rbind", "ro"]),
             _mount("/tmp", "tmpfs", "tmpfs", ["nosuid", "nodev", "mode=1777"]),  # noqa: S108 - the sandbox's own /tmp
+            # Volumes last, the shallowest first: one under /tmp or under another volume stays seen.
+            *(
+                _mount(target, "bind", source, ["rbind", "rw", "nosuid", "nodev"])
+                for target, source in sorted(plan.volumes, key=lambda volume: volume[0].count("/"))
+            ),
         ],
         "linux": {
             "cgroupsPath": plan.cgroup_path,

@@ -14,7 +14,8 @@ reaches through ``ContainerRuntime``: create a container from a bundle, start, f
 delete it, ask for its status. ``runtime.crun`` is that seam for crun; gVisor's ``runsc``
 takes the same arguments and is one more small module of the same shape.
 
-Lifecycle: create = record + disk + network + id range + idmapped lowers + overlay + sysfs + bundle; start = the
+Lifecycle: create = record + disk + network + id range + idmapped lowers + volume views + overlay + sysfs +
+bundle; start = the
 runtime's create and start, then wait for the agent's ``/health``; pause(memory) = freeze
 (the cgroup freezer); pause(filesystem) = delete the container, keeping ``upper/``; resume =
 thaw, or a fresh create + start on the same writable layer; kill marks the record releasing,
@@ -292,6 +293,7 @@ class OciBackend:
                         "egress": spec.allow_internet_access,
                         "allow_out": list(spec.allow_out),
                         "deny_out": list(spec.deny_out),
+                        "volumes": [{"source": v.source, "target": v.target} for v in spec.volumes],
                     },
                 )
                 self._save(record)
@@ -313,6 +315,7 @@ class OciBackend:
         self._save(record)  # recorded before it exists
         _network.create(net, egress=bool(record.spec["egress"]), policy=_policy(record.spec))
         lowers = self._map_lowers(record)
+        self._map_volumes(record)
         record.mounted = True
         self._save(record)
         layer = self._layer(record)
@@ -385,6 +388,41 @@ class OciBackend:
         self._own_layer(record, mapping)
         return mapped
 
+    def _volume_views(self, record: Record) -> list[tuple[str, str, str]]:
+        """(volume folder, where the sandbox sees it, the host folder its bind mounts) per volume.
+
+        With an id mapping the bind is of an idmapped view in the sandbox's folder (the volume's
+        owners shifted into the sandbox's ids); without one (gVisor's sandbox root is host root
+        inside its own kernel) it is of the volume's folder itself.
+        """
+        home = self._home(record.sandbox_id)
+        return [
+            (
+                str(entry["source"]),
+                str(entry["target"]),
+                str(home / "volumes" / str(index)) if self._mapping is not None else str(entry["source"]),
+            )
+            for index, entry in enumerate(record.spec.get("volumes", []))
+        ]
+
+    def _map_volumes(self, record: Record) -> None:
+        """Each volume's view in the sandbox's ids, writable (nosuid, nodev); idempotent, as reconcile needs."""
+        mapping = self._sandbox_mapping(record)
+        for source, _target, view in self._volume_views(record):
+            if not os.path.isdir(source):  # the server mounts its volumes before it creates or reconciles
+                raise BackendError(f"{record.sandbox_id}: volume folder {source} is not there")
+            if mapping is None or _hostfs.is_mount(view):
+                continue
+            Path(view).mkdir(parents=True, exist_ok=True)
+            if view not in record.idmapped:
+                record.idmapped.append(view)
+                self._save(record)  # recorded before it exists
+            ns_fd = _idmap.userns_fd(mapping)
+            try:
+                _idmap.idmapped_bind(source, view, ns_fd, read_only=False)
+            finally:
+                os.close(ns_fd)
+
     def _own_layer(self, record: Record, mapping: _idmap.Mapping) -> None:
         """The writable layer is the sandbox root's; its folder is closed to other host users.
 
@@ -437,6 +475,7 @@ class OciBackend:
             env={"E2B_SANDBOX": "true", "E2B_SANDBOX_ID": record.sandbox_id, "E2B_TEMPLATE_ID": record.template},
             limits=_limits(record),
             id_mapping=mapping.oci() if mapping is not None else None,
+            volumes=tuple((target, view) for _source, target, view in self._volume_views(record)),
             open_files=min(_oci.NOFILE_LIMIT, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),
         )
         (bundle / "config.json").write_text(json.dumps(_oci.config(self._container_plan(plan)), indent=1))
@@ -841,8 +880,8 @@ class OciBackend:
         missing = [name for name in ("upper", "work") if not (self._layer(record) / name).is_dir()]
         if missing:
             raise _UnrecoverableError(f"missing its writable layer ({', '.join(missing)})")
-        steps = (self._restore_ids, self._restore_network, self._restore_lowers, self._restore_overlay)
-        for step in (*steps, self._restore_bundle):
+        steps = (self._restore_ids, self._restore_network, self._restore_lowers, self._map_volumes)
+        for step in (*steps, self._restore_overlay, self._restore_bundle):
             step(record)
 
     def _restore_ids(self, record: Record) -> None:

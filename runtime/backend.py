@@ -121,6 +121,18 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class VolumeMount:
+    """A volume's files (``source``, a host folder: ``runtime.volumes``) seen at ``target`` inside the sandbox.
+
+    Owners in ``source`` are the sandbox's own ids (uid 1000 is its ``user``): the backend shifts
+    the view into whatever host ids the sandbox's ids are. Writable; nosuid and nodev.
+    """
+
+    source: str
+    target: str  # absolute, normalised; the backend makes it if the sandbox's files lack it
+
+
+@dataclass(frozen=True)
 class SandboxSpec:
     sandbox_id: str
     template: str  # template name or snapshot id
@@ -132,6 +144,7 @@ class SandboxSpec:
     allow_internet_access: bool = False
     allow_out: tuple[str, ...] = ()
     deny_out: tuple[str, ...] = ()
+    volumes: tuple[VolumeMount, ...] = ()  # kept across pauses and host restarts, as the files are
 
 
 @dataclass(frozen=True)

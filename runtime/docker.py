@@ -70,11 +70,12 @@ from docker.models.containers import Container
 
 from contract.protocol import ENVD_PORT
 
-from . import _addresses, _disk, _docker_pool, _hostfs, _network, _oci
+from . import _addresses, _disk, _docker_pool, _hostfs, _idmap, _network, _oci
 from ._docker_engine import LABEL_KIND, LABEL_OWNER, LABEL_SANDBOX, Engine, default_engine, seccomp_profile
 from ._docker_engine import prepare_host as _prepare_engine
 from ._docker_reaper import REAPING, Reaper
 from ._docker_reconcile import reconcile
+from ._idranges import RANGE_SIZE
 from ._oci_backend import _policy, _reported, _wait_healthy
 from ._threads import to_thread_to_the_end
 from .backend import (
@@ -328,6 +329,7 @@ class DockerBackend:
                         "egress": spec.allow_internet_access,
                         "allow_out": list(spec.allow_out),
                         "deny_out": list(spec.deny_out),
+                        "volumes": [{"source": v.source, "target": v.target} for v in spec.volumes],
                     },
                     snapshot=snapshot,
                 )
@@ -390,6 +392,8 @@ class DockerBackend:
             volumes={
                 str(home / "hosts"): {"bind": "/etc/hosts", "mode": "ro"},
                 str(home / "resolv.conf"): {"bind": "/etc/resolv.conf", "mode": "ro"},
+                # Each volume's idmapped view (made at each boot, ``_map_volumes``), the engine's bind of it.
+                **{view: {"bind": target, "mode": "rw"} for _source, target, view in self._volume_views(record)},
             },
             log_config=_LOG_CONFIG,
             storage_opt={"size": str(disk)},  # the qgroup limit, applied again at each start
@@ -399,6 +403,43 @@ class DockerBackend:
         number = _docker_pool.subvolume_id(self._subvolume(str(container.id)))
         record.disk = {"subvolume": number, "base": 0, "size": disk}
         self._save(record)
+
+    def _volume_views(self, record: Record) -> list[tuple[str, str, str]]:
+        """(volume folder, where the sandbox sees it, its idmapped view in the sandbox's folder) per volume."""
+        home = self._home(record.sandbox_id)
+        return [
+            (str(entry["source"]), str(entry["target"]), str(home / "volumes" / str(index)))
+            for index, entry in enumerate(record.spec.get("volumes", []))
+        ]
+
+    def _map_volumes(self, record: Record) -> None:
+        """Each volume's view shifted into the engine's remapped ids (writable, nosuid, nodev); idempotent.
+
+        Made before every start (a host restart takes mounts; the container keeps its binds' paths)
+        and undone when the container's processes end (``_end``, ``_release``).
+        """
+        for source, _target, view in self._volume_views(record):
+            if not os.path.isdir(source):  # the server mounts its volumes before it creates or reconciles
+                raise BackendError(f"{record.sandbox_id}: volume folder {source} is not there")
+            if _hostfs.is_mount(view):
+                continue
+            Path(view).mkdir(parents=True, exist_ok=True)
+            ns_fd = _idmap.userns_fd(_idmap.Mapping(self._remap_base(), RANGE_SIZE))
+            try:
+                _idmap.idmapped_bind(source, view, ns_fd, read_only=False)
+            finally:
+                os.close(ns_fd)
+
+    def _unmap_volumes(self, record: Record) -> None:
+        for _source, _target, view in self._volume_views(record):
+            _hostfs.unmount(view)
+
+    def _remap_base(self) -> int:
+        """The first host id of the engine's remapped range (container root)."""
+        entry = _docker_pool.remap_entries()[0]
+        if entry is None:
+            raise BackendError(f"{_docker_pool.REMAP_USER} has no subordinate ids: run `e2b-compat host prepare`")
+        return entry[0]
 
     def _subvolume(self, container_id: str) -> Path:
         """The btrfs subvolume holding a container's root filesystem (its read-write layer)."""
@@ -425,6 +466,7 @@ class DockerBackend:
         container = await asyncio.to_thread(self._container, record)
         if container is None:
             raise BackendError(f"the container of sandbox {record.sandbox_id} is gone")
+        await asyncio.to_thread(self._map_volumes, record)
         await asyncio.to_thread(container.start)
         net = await asyncio.to_thread(self._plug, record, container)
         try:
@@ -546,6 +588,7 @@ class DockerBackend:
             if container.status == "paused":  # a frozen cgroup holds the SIGKILL until it thaws
                 container.unpause()
             container.wait(timeout=30)
+        self._unmap_volumes(record)  # the processes that used the views are gone
         self._unplug(record)
         # Named apart: the same id may be killed again (a record made again after a crash) before a reap.
         folder = f"{record.sandbox_id}.{secrets.token_hex(3)}"
@@ -566,13 +609,14 @@ class DockerBackend:
         """Undo everything the record says exists, newest first; safe to repeat."""
         if record.container:
             self._remove_container(record.container)
+        self._unmap_volumes(record)
         self._unplug(record)
         home = self._home(record.sandbox_id)
         if keep is not None:
             keep.parent.mkdir(parents=True, exist_ok=True)
             os.replace(home, keep)
             return
-        shutil.rmtree(home, ignore_errors=True)
+        _hostfs.remove_tree(home)  # never through a volume's view
 
     def _remove_container(self, name: str) -> None:
         """Force-remove a container; one whose removal is under way already (409) is waited for until gone.

@@ -6,8 +6,9 @@ resource is one module and one line here (``docs/CONTRIBUTING.md``).
 
 Authentication is the ``X-API-Key`` header; the key's owner scopes everything, so another owner's
 sandbox answers exactly as a missing one. Bearer access tokens and the Supabase/admin schemes are
-not offered: a request carrying only those is 401. Every refusal is ``{"code", "message"}``
-(``_errors``), unknown routes and methods included.
+not offered: a request carrying only those is 401. The volume content API (``/volumecontent/...``,
+``_volume_content``) shares the host and authenticates by each volume's own bearer token. Every
+refusal is ``{"code", "message"}`` (``_errors``), unknown routes and methods included.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from reference_server import _errors as text
 from reference_server._errors import ApiError, error_response
 from reference_server._sandboxes import SandboxService
 from reference_server._template_service import TemplateService
+from reference_server._volume_content import content_routes
 
 from . import sandboxes, snapshots, templates, volumes
 from ._common import Caller, Endpoint
@@ -74,6 +76,8 @@ def create_control_plane(
 
         routes.append(Route(templates.UPLOAD_PATH, upload, methods=["PUT"], name="upload_archive"))
     routes += [_authenticated(endpoint, service, keys, builds) for module in RESOURCES for endpoint in module.ENDPOINTS]
+    if service.volumes is not None:  # authenticated by each volume's own token, not by an API key
+        routes += content_routes(service.volumes)
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)

@@ -10,6 +10,7 @@ timeout, always an envd token): clients from 2.51 on send only what differs from
 from __future__ import annotations
 
 import math
+import posixpath
 import re
 from typing import Any
 
@@ -88,6 +89,41 @@ def _env_vars(value: object) -> dict[str, str]:
     return found
 
 
+MAX_VOLUME_MOUNTS = 16
+# Where a volume may not be seen: the kernel's own file systems, and the files the runtime binds itself.
+_RESERVED_PATHS = ("/proc", "/sys", "/dev")
+_RUNTIME_FILES = frozenset({"/etc/hosts", "/etc/resolv.conf"})
+
+
+def _volume_mounts(value: object) -> tuple[tuple[str, str], ...]:
+    """``volumeMounts``: (volume name, absolute path) pairs; the names are resolved by the service.
+
+    A path is absolute and clean (``/data``, not ``/data/`` or ``/a/../data``), is not the root,
+    is not under ``/proc``, ``/sys`` or ``/dev`` nor one of the files the runtime binds, and is not
+    given twice.
+    """
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ApiError(400, "Invalid request body: volumeMounts: must be a list")
+    if len(value) > MAX_VOLUME_MOUNTS:
+        raise ApiError(400, f"Invalid request body: volumeMounts: at most {MAX_VOLUME_MOUNTS} entries")
+    mounts: list[tuple[str, str]] = []
+    for entry in value:
+        name, path = (entry.get("name"), entry.get("path")) if isinstance(entry, dict) else (None, None)
+        if not isinstance(name, str) or not name or not isinstance(path, str):
+            raise ApiError(400, "Invalid request body: volumeMounts: each entry needs a name and a path")
+        if not path.startswith("/") or posixpath.normpath(path) != path or path == "/":
+            raise ApiError(400, f"Invalid request body: volumeMounts: {path!r} is not a clean absolute path")
+        reserved = any(path == top or path.startswith(top + "/") for top in _RESERVED_PATHS)
+        if reserved or path in _RUNTIME_FILES:
+            raise ApiError(400, f"Invalid request body: volumeMounts: a volume cannot be mounted at {path}")
+        if any(path == seen for _, seen in mounts):
+            raise ApiError(400, f"Invalid request body: volumeMounts: {path} is given twice")
+        mounts.append((name, path))
+    return tuple(mounts)
+
+
 # -- create, connect, resume ---------------------------------------------------------------------
 
 
@@ -102,8 +138,6 @@ async def create_v2(request: Request, caller: Caller) -> Response:
 async def _create(request: Request, caller: Caller, *, default_timeout: int, default_secure: bool) -> Response:
     check_query(request, ())
     body = await read_json(request, "NewSandbox")
-    if body.get("volumeMounts"):
-        raise ApiError(400, "Volume mount is unavailable")
     if body.get("mcp"):
         raise ApiError(400, MCP_UNAVAILABLE)
     network = body.get("network") or {}
@@ -121,6 +155,7 @@ async def _create(request: Request, caller: Caller, *, default_timeout: int, def
             auto_pause=bool_field(body, "autoPause", Defaults.AUTO_PAUSE),
             auto_pause_memory=bool_field(body, "autoPauseMemory", Defaults.AUTO_PAUSE_MEMORY),
             auto_resume=bool((body.get("autoResume") or {}).get("enabled", Defaults.AUTO_RESUME)),
+            volume_mounts=_volume_mounts(body.get("volumeMounts")),
             network=NetworkSettings(
                 allow_public_traffic=bool_field(network, "allowPublicTraffic", Defaults.ALLOW_PUBLIC_TRAFFIC),
                 allow_out=ranges(network.get("allowOut"), "network/allowOut"),
