@@ -26,14 +26,16 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import os
 import posixpath
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 __all__ = [
     "DEFAULT_DIR_MODE",
@@ -63,6 +65,8 @@ _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_IN_ROOT = 0x10
 _RESOLVE = _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS | _RESOLVE_NO_XDEV
 _libc = ctypes.CDLL(None, use_errno=True)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class _OpenHow(ctypes.Structure):
@@ -132,6 +136,20 @@ def clean(path: str) -> str:
     return posixpath.normpath("/" + path).lstrip("/")
 
 
+def _answered(operation: Callable[P, R]) -> Callable[P, R]:
+    """An ``OSError`` met anywhere in ``operation`` becomes the API's answer for its errno."""
+
+    @functools.wraps(operation)
+    def answered(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return operation(*args, **kwargs)
+        except OSError as exc:
+            path = args[1] if len(args) > 1 and isinstance(args[1], str) else ""
+            raise _refusal(exc, path) from None
+
+    return answered
+
+
 class VolumeFiles:
     """The files of one mounted volume at ``root`` (its mount point)."""
 
@@ -140,11 +158,13 @@ class VolumeFiles:
 
     # -- reading ---------------------------------------------------------------------------
 
+    @_answered
     def stat(self, path: str) -> Entry:
         relative = clean(path)
         with self._root() as root, self._parent(root, relative) as (parent, name):
             return self._entry(parent, name, relative)
 
+    @_answered
     def list_dir(self, path: str, depth: int) -> list[Entry]:
         if not 1 <= depth <= MAX_DEPTH:
             raise VolumeFileError(400, f"depth must be between 1 and {MAX_DEPTH}")
@@ -180,6 +200,7 @@ class VolumeFiles:
                 finally:
                     os.close(sub)
 
+    @_answered
     def read(self, path: str) -> tuple[int, int]:
         """An open descriptor of the regular file at ``path`` and its size; the caller closes it."""
         relative = clean(path)
@@ -200,6 +221,7 @@ class VolumeFiles:
 
     # -- writing ---------------------------------------------------------------------------
 
+    @_answered
     def make_dir(self, path: str, owner: Owner, mode: int | None, *, parents: bool) -> Entry:
         relative = clean(path)
         if not relative:
@@ -222,6 +244,7 @@ class VolumeFiles:
                 self._own(parent, name, owner, DEFAULT_DIR_MODE if mode is None else mode)
                 return self._entry(parent, name, relative)
 
+    @_answered
     def write(self, path: str, chunks: Iterator[bytes], owner: Owner, mode: int | None) -> Entry:
         """Write the file whole from ``chunks`` (its folders made as needed), replacing one that was there."""
         relative = clean(path)
@@ -269,6 +292,7 @@ class VolumeFiles:
                 os.unlink(temporary, dir_fd=parent)
             raise
 
+    @_answered
     def remove(self, path: str) -> None:
         relative = clean(path)
         if not relative:
@@ -283,6 +307,7 @@ class VolumeFiles:
             except OSError as exc:
                 raise _refusal(exc, path) from None
 
+    @_answered
     def update(self, path: str, uid: int | None, gid: int | None, mode: int | None) -> Entry:
         relative = clean(path)
         with self._root() as root, self._parent(root, relative) as (parent, name):
@@ -290,8 +315,12 @@ class VolumeFiles:
                 if name:
                     if uid is not None or gid is not None:
                         os.chown(name, _keep(uid), _keep(gid), dir_fd=parent, follow_symlinks=False)
-                    if mode is not None:
-                        os.chmod(name, mode, dir_fd=parent, follow_symlinks=False)
+                    if mode is not None:  # through a descriptor: a link swapped in is refused, never followed
+                        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
+                        try:
+                            os.fchmod(fd, mode)
+                        finally:
+                            os.close(fd)
                 else:  # the volume's root: ``parent`` is the root itself, opened for its path only
                     fd = os.open(f"/proc/self/fd/{parent}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
                     try:
@@ -304,7 +333,7 @@ class VolumeFiles:
             except NotImplementedError:
                 raise VolumeFileError(400, f"Path {path} is a symbolic link: its mode cannot be changed") from None
             except OSError as exc:
-                if exc.errno == errno.EOPNOTSUPP:
+                if exc.errno in (errno.EOPNOTSUPP, errno.ELOOP):
                     raise VolumeFileError(400, f"Path {path} is a symbolic link: its mode cannot be changed") from None
                 raise _refusal(exc, path) from None
             return self._entry(parent, name, relative)
