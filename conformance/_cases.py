@@ -22,6 +22,12 @@ Families:
   run, concurrent contexts, bash and the languages the template has no kernel for, and the
   traffic token on a private sandbox's port (code runs and every contexts call).
   Needs a control plane and that template.
+- ``volume``: volumes through the clients' ``Volume`` API: create, list, get, connect and destroy,
+  as one owner and another; the content API (files, folders, owners and modes, listings by depth,
+  refusals, a 100 MiB file streamed both ways, concurrent writers, ``..`` stopping at the volume's
+  root); one volume mounted into two sandboxes at once (by the client's object and by name), the
+  owners a sandbox sees, in-use refusals while a sandbox runs or is paused, and the files a paused
+  sandbox finds on resume. Needs a control plane and ``base``.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from typing import Any
 from . import _checks as checks
 from . import _checks_interpreter as interpreter_checks
 from . import _checks_sandbox as sandbox_checks
+from . import _checks_volume as volume_checks
 
 __all__ = ["CASES", "FAMILY_TEMPLATES", "Case", "Check", "cases"]
 
@@ -89,7 +96,15 @@ TOKEN_RPCS = (
 )
 
 # The template each family's scenarios create their sandboxes from (the clients' defaults).
-FAMILY_TEMPLATES = {"envd": "base", "sandbox": "base", "interpreter": "code-interpreter-v1"}
+FAMILY_TEMPLATES = {"envd": "base", "sandbox": "base", "interpreter": "code-interpreter-v1", "volume": "base"}
+
+# Volumes: every scenario makes its own and destroys it in ``finally``.
+VOLUME_LIFE = ("control.volumes.create", "control.volumes.destroy")
+VOLUME_CONTROL = (*VOLUME_LIFE, "control.volumes.list", "control.volumes.get")
+WRITE, READ, STAT = "volume.content.write_file", "volume.content.read_file", "volume.content.stat"
+MAKE_DIR, LIST_DIR = "volume.content.make_dir", "volume.content.list_dir"
+UPDATE, REMOVE = "volume.content.update_metadata", "volume.content.remove"
+CONTENT = (WRITE, READ, STAT, MAKE_DIR, LIST_DIR, UPDATE, REMOVE)
 
 
 @dataclass(frozen=True)
@@ -141,6 +156,19 @@ def _sandbox(
     return Case(name, "sandbox", scenario, flavours, operations, check, second_owner, fields=fields, registry=registry)
 
 
+def _volume(
+    name: str,
+    scenario: str,
+    operations: tuple[str, ...],
+    check: Check,
+    *,
+    second_owner: bool = False,
+    fields: tuple[str, ...] = (),
+) -> Case:
+    operations = tuple(dict.fromkeys((*VOLUME_LIFE, *operations)))
+    return Case(name, "volume", scenario, ALL, operations, check, second_owner, fields=fields)
+
+
 def _interpreter(
     scenario: str,
     flavours: tuple[str, ...],
@@ -150,6 +178,83 @@ def _interpreter(
     fields: tuple[str, ...] = (),
 ) -> Case:
     return Case(scenario, "interpreter", scenario, flavours, (*LIFE, EXECUTE, *operations), check, fields=fields)
+
+
+VOLUME_CASES: tuple[Case, ...] = (
+    _volume(
+        "volume/control/lifecycle",
+        "volume/control",
+        VOLUME_CONTROL,
+        volume_checks.volume_lifecycle,
+        second_owner=True,
+        fields=on("control.volumes.create", "body.name"),
+    ),
+    _volume(
+        "volume/control/refusals", "volume/control", VOLUME_CONTROL, volume_checks.volume_refusals, second_owner=True
+    ),
+    # Another owner's key sees none of the first owner's volumes: the key is what the operation acts as.
+    _volume(
+        "volume/control/owners",
+        "volume/control",
+        VOLUME_CONTROL,
+        volume_checks.volume_owners,
+        second_owner=True,
+        fields=tuple(f"{op}:header.X-API-Key" for op in VOLUME_CONTROL),
+    ),
+    _volume(
+        "volume/content/files",
+        "volume/content",
+        CONTENT,
+        volume_checks.volume_files,
+        fields=(
+            *on(WRITE, "query.path", "query.uid", "query.gid", "query.mode"),
+            *on(READ, "query.path"),
+            *on(STAT, "query.path"),
+            *on(MAKE_DIR, "query.path", "query.uid", "query.gid", "query.mode", "query.force"),
+            *on(LIST_DIR, "query.path", "query.depth"),
+            *on(UPDATE, "query.path", "body.uid", "body.gid", "body.mode"),
+            *on(REMOVE, "query.path"),
+        ),
+    ),
+    _volume("volume/content/refusals", "volume/content", CONTENT, volume_checks.volume_content_refusals),
+    _volume(
+        "volume/content/large-file",
+        "volume/large-and-concurrent",
+        (WRITE, READ, LIST_DIR),
+        volume_checks.volume_large_file,
+    ),
+    _volume(
+        "volume/content/concurrent-writes",
+        "volume/large-and-concurrent",
+        (WRITE, READ, LIST_DIR),
+        volume_checks.volume_concurrent_writes,
+    ),
+    *(
+        _volume(
+            f"volume/mounts/{what}",
+            "volume/mounts",
+            (*LIFE, WRITE, READ, STAT, "control.sandboxes.get", "control.sandboxes.list", *extra),
+            check,
+            fields=fields,
+        )
+        for what, check, extra, fields in (
+            (
+                "shared",
+                volume_checks.volume_mounts,
+                (),
+                on(CREATE, "body.volumeMounts[].name", "body.volumeMounts[].path"),
+            ),
+            ("ownership", volume_checks.volume_mount_owners, (), ()),
+            ("in-use", volume_checks.volume_in_use, ("control.sandboxes.pause",), ()),
+            (
+                "pause-resume",
+                volume_checks.volume_pause_resume,
+                ("control.sandboxes.pause", "control.sandboxes.connect"),
+                (),
+            ),
+        )
+    ),
+)
 
 
 CASES: tuple[Case, ...] = (
@@ -568,6 +673,7 @@ CASES: tuple[Case, ...] = (
         interpreter_checks.interpreter_private_traffic,
         fields=tuple(f"{op}:header.E2B-Traffic-Access-Token" for op in (EXECUTE, *CONTEXTS)),
     ),
+    *VOLUME_CASES,
 )
 
 

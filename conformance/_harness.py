@@ -74,7 +74,7 @@ class RunPlan:
     client_sets: tuple[ClientSet, ...]
     flavours: tuple[str, ...] = ("py-sync", "py-async", "js")
     match: str = ""  # only cases whose name contains this
-    families: tuple[str, ...] = ("sandbox", "envd", "interpreter")
+    families: tuple[str, ...] = ("sandbox", "envd", "interpreter", "volume")
     # Cases run side by side in this many workers. Each scenario makes and kills its own
     # sandboxes and finds them by its own metadata, so cases do not see one another.
     jobs: int = 1

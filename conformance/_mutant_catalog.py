@@ -622,4 +622,29 @@ MUTANTS: tuple[Mutant, ...] = (
         "a create that claims a warm sandbox records it under a new id: its host name and E2B_SANDBOX_ID are another's",
         ("sandbox/lifecycle/parallel-creates",),
     ),
+    # --- volumes: owners, in-use refusals, ownership of files ------------------------------------
+    Mutant(
+        "server/volumes/list-every-owners",
+        "reference_server/_volumes.py",
+        "        return await self.store.owned(owner)\n",
+        "        return await self.store.all()\n",
+        "a volume list answers every owner's volumes, not the caller's",
+        ("volume/control/owners",),
+    ),
+    Mutant(
+        "server/volumes/paused-not-in-use",
+        SERVICE,
+        "alive = frozenset(SandboxState) - {S.KILLED, S.FAILED}",
+        "alive = frozenset({S.RUNNING})",
+        "a volume that only a paused sandbox mounts can be deleted under it",
+        ("volume/mounts/in-use",),
+    ),
+    Mutant(
+        "server/volume-files/default-owner-root",
+        "reference_server/_volume_files.py",
+        "DEFAULT_OWNER = 1000  # uid and gid: the sandboxes' ``user``",
+        "DEFAULT_OWNER = 0",
+        "what the content API makes belongs to root unless asked, so the sandboxes' user cannot change it",
+        ("volume/content/files", "volume/mounts/ownership"),
+    ),
 )

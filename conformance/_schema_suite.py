@@ -13,7 +13,7 @@ Two pieces, both driven by the derived control-plane document (``contract/derive
 
 What is sent is limited because the target may be a real, billed service: operations in
 ``EXCLUDED`` are never called, operations that create sandboxes run only a few examples, and
-every sandbox or snapshot a response reports as created is deleted in a ``finally``.
+every sandbox, snapshot or volume a response reports as created is deleted in a ``finally``.
 Findings name the operation, the check and the request (method, path, query and the shape of
 the body with every string value redacted); the API key and response values are never quoted.
 """
@@ -67,6 +67,7 @@ __all__ = [
     "EXCLUDED",
     "SANDBOX_CREATORS",
     "TOLERATED_UNDECLARED",
+    "VOLUME_CREATORS",
     "ContractValidator",
     "Exclusion",
     "Finding",
@@ -106,7 +107,6 @@ EXCLUDED: tuple[Exclusion, ...] = (
         " (DELETE /templates/{templateID} is kept: clients delete snapshots with it)",
         frozenset({"GET", "POST", "PATCH", "PUT"}),
     ),
-    Exclusion("/volumes*", "volumes: persistent storage, not offered by a sandbox server"),
     Exclusion("/teams*", "team administration and metrics: account level, not offered by a sandbox server"),
 )
 
@@ -139,6 +139,8 @@ TOLERATED_UNDECLARED: tuple[Tolerance, ...] = (
 
 # Operations whose success creates a sandbox: few examples, and every id they report is killed.
 SANDBOX_CREATORS = frozenset({"POST /sandboxes", "POST /v2/sandboxes"})
+# Operations whose success creates a volume (storage on the target): as few examples, each id destroyed.
+VOLUME_CREATORS = frozenset({"POST /volumes"})
 
 _CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conformance", "response_schema_conformance")
 _WRONG_KEYS: tuple[tuple[str, str | None], ...] = (
@@ -149,6 +151,7 @@ _WRONG_KEYS: tuple[tuple[str, str | None], ...] = (
 _PLAIN_STRING_KEYS = frozenset({"templateID"})  # body strings safe and useful to show verbatim
 _KILL = ("DELETE", "/sandboxes/{sandboxID}")
 _DELETE_SNAPSHOT = ("DELETE", "/templates/{templateID}")
+_DESTROY_VOLUME = ("DELETE", "/volumes/{volumeID}")
 
 
 @cache
@@ -350,6 +353,7 @@ class SuiteResult:
     duration_s: float
     sandboxes_created: int  # ids reported by responses (the shared sandbox included), all deleted afterwards
     snapshots_created: int
+    volumes_created: int
     cleanup_problems: tuple[str, ...] = ()
 
     @property
@@ -365,7 +369,7 @@ class SuiteResult:
         lines = [
             f"{self.suite} against {self.base_url}: {verdict}; {len(self.operations)} operations, "
             f"{self.requests} requests, {self.duration_s:.1f} s, {self.sandboxes_created} sandboxes and "
-            f"{self.snapshots_created} snapshots created (and deleted)"
+            f"{self.snapshots_created} snapshots and {self.volumes_created} volumes created (and deleted)"
         ]
         lines += [f"FAIL {finding}" for finding in self.failures]
         lines += [f"CLEANUP {problem}" for problem in self.cleanup_problems]
@@ -423,7 +427,8 @@ def run_schemathesis(
         for op in selected:
             label = _label(op)
             creator = label in SANDBOX_CREATORS
-            examples = min(max_examples, sandbox_examples) if creator else max_examples
+            few = creator or label in VOLUME_CREATORS
+            examples = min(max_examples, sandbox_examples) if few else max_examples
             if wrong_credentials:
                 run.exercise(op, GenerationMode.POSITIVE, examples, template=None, wrong_credentials=True)
                 continue
@@ -443,6 +448,7 @@ def run_schemathesis(
         duration_s=time.monotonic() - started,
         sandboxes_created=len(run.sandboxes),
         snapshots_created=len(run.snapshots),
+        volumes_created=len(run.volumes),
         cleanup_problems=tuple(cleanup),
     )
 
@@ -510,6 +516,7 @@ class _Run:
     requests: int = 0
     sandboxes: dict[str, None] = field(default_factory=dict)  # ordered set of every id seen created
     snapshots: dict[str, None] = field(default_factory=dict)
+    volumes: dict[str, None] = field(default_factory=dict)
     seen: dict[tuple[str, str, str], _Seen] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -584,6 +591,9 @@ class _Run:
         wrong_credentials: bool = False,
     ) -> None:
         strategy = st.tuples(op.as_strategy(mode), st.booleans(), st.sampled_from(_WRONG_KEYS))
+        # A volume create's valid examples carry a name every server takes: creations that happen (the
+        # negative examples still send names of every other type).
+        names = _label(op) in VOLUME_CREATORS and mode == GenerationMode.POSITIVE and not wrong_credentials
 
         @hypothesis.settings(
             max_examples=examples,
@@ -603,6 +613,8 @@ class _Run:
                 case.path_parameters["sandboxID"] = self.live
             if template is not None and isinstance(case.body, dict):
                 case.body["templateID"] = template  # a creation that really happens, with generated options
+            if names and isinstance(case.body, dict):
+                case.body["name"] = f"schema-{os.urandom(5).hex()}"
             if wrong_credentials:
                 self.check_rejected(op, case, kind, wrong_key)
             else:
@@ -713,6 +725,8 @@ class _Run:
             self.sandboxes[body["sandboxID"]] = None
         if isinstance(body.get("snapshotID"), str):
             self.snapshots[body["snapshotID"]] = None
+        if isinstance(body.get("volumeID"), str) and _label(op) in VOLUME_CREATORS:
+            self.volumes[body["volumeID"]] = None
 
     def clean_up(self) -> list[str]:
         if self.live is not None:
@@ -720,6 +734,8 @@ class _Run:
         problems = [self.delete(_KILL, "sandboxID", sandbox_id) for sandbox_id in self.sandboxes]
         # Snapshots after sandboxes: a snapshot is in use while a sandbox started from it lives.
         problems += [self.delete(_DELETE_SNAPSHOT, "templateID", snapshot) for snapshot in self.snapshots]
+        # Volumes last: one is in use while a sandbox that mounts it lives.
+        problems += [self.delete(_DESTROY_VOLUME, "volumeID", volume) for volume in self.volumes]
         if self.session is not None:
             self.session.close()
         return [problem for problem in problems if problem]

@@ -171,6 +171,12 @@ class VolumeFiles:
         relative = clean(path)
         found: list[Entry] = []
         with self._root() as root:
+            seen = self._open(root, relative, os.O_PATH)  # no open of a FIFO or a device just to look
+            try:
+                if not stat.S_ISDIR(os.fstat(seen).st_mode):
+                    raise VolumeFileError(400, f"Path {path} is not a directory")
+            finally:
+                os.close(seen)
             fd = self._open(root, relative, os.O_RDONLY | os.O_DIRECTORY)
             try:
                 self._walk(fd, relative, depth, found)

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
@@ -36,7 +39,9 @@ from reference_server._sandboxes import SandboxService, ServiceSettings
 from reference_server._snapshots import SnapshotStore
 from reference_server._store import Store
 from reference_server._tls import ensure_certificates
+from reference_server._volumes import VolumeService, VolumeStore
 from runtime.fake import FakeBackend
+from runtime.volumes import VolumeStorage
 from tests.reference_server.conftest import ALICE, Clock, DictKeys, RecordingInitializer
 
 BASE_URL = "https://api.e2b.test"
@@ -52,6 +57,7 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 class InProcess:
     app: App
     backend: FakeBackend
+    volumes: VolumeStorage | None  # None: not root, so no loop-mounted volumes (and no /volumes answers)
 
     def live_sandboxes(self) -> list[str]:
         return [info.sandbox_id for info in asyncio.run(self.backend.list())]
@@ -73,8 +79,19 @@ def ours(tmp_path: Path) -> Iterator[InProcess]:
         metrics=MetricsBook(backend, clock=clock),
         clock=clock,
     )
-    yield InProcess(create_control_plane(service, DictKeys()), backend)
-    asyncio.run(store.close())
+    storage = VolumeStorage(Path(tempfile.mkdtemp(prefix="e2b-schema-", dir="/var/tmp")) / "volumes")
+    if os.geteuid() == 0:
+        vault = TokenVault(b"k" * 32)
+        volume_store = VolumeStore(store.db)
+        service.volumes = VolumeService(
+            store=volume_store, storage=storage, vault=vault, size_mb=16, in_use=service.volume_in_use
+        )
+    try:
+        yield InProcess(create_control_plane(service, DictKeys()), backend, storage if service.volumes else None)
+    finally:
+        storage.release_all()
+        shutil.rmtree(storage.root.parent)
+        asyncio.run(store.close())
 
 
 def run(app: App, **options: Any) -> SuiteResult:
@@ -144,8 +161,8 @@ def test_suite_passes_against_our_control_plane(ours: InProcess) -> None:
     assert result.passed, result.report()
     assert "POST /sandboxes" in result.operations
     assert "DELETE /templates/{templateID}" in result.operations
-    assert not any(label.startswith(("GET /templates", "POST /v3/", "GET /volumes")) for label in result.operations)
-    assert {label for label, _ in result.excluded} >= {"POST /v3/templates", "GET /volumes", "GET /teams"}
+    assert not any(label.startswith(("GET /templates", "POST /v3/")) for label in result.operations)
+    assert {label for label, _ in result.excluded} >= {"POST /v3/templates", "GET /teams"}
     assert all(reason for _, reason in result.excluded)
     # Real servers answer statuses upstream never declared: warnings, each with its reason.
     assert any("tolerated:" in finding.message for finding in result.warnings)
@@ -154,6 +171,12 @@ def test_suite_passes_against_our_control_plane(ours: InProcess) -> None:
     assert result.snapshots_created >= 1
     assert ours.live_sandboxes() == []
     assert set(ours.backend.templates) == {"base"}
+    if ours.volumes is not None:  # every volume operation is fuzzed, and what it made is gone
+        assert {"POST /volumes", "GET /volumes", "GET /volumes/{volumeID}", "DELETE /volumes/{volumeID}"} <= set(
+            result.operations
+        )
+        assert result.volumes_created >= 1
+        assert ours.volumes.ids() == set()
 
 
 def test_wrong_credentials_suite_passes_against_our_control_plane(ours: InProcess) -> None:

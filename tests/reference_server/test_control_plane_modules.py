@@ -55,8 +55,10 @@ def test_every_endpoint_is_a_contract_operation() -> None:
     known = _contract_routes() | set(BEYOND_THE_PIN)
     for module in RESOURCES:
         for endpoint in module.ENDPOINTS:
-            path = endpoint.path.replace("{template_id:anything}", "{templateID}").replace(
-                "{sandbox_id}", "{sandboxID}"
+            path = (
+                endpoint.path.replace("{template_id:anything}", "{templateID}")
+                .replace("{sandbox_id}", "{sandboxID}")
+                .replace("{volume_id}", "{volumeID}")
             )
             assert (endpoint.method, path) in known, f"{module.__name__}: {endpoint.method} {endpoint.path}"
 
@@ -73,8 +75,9 @@ def test_no_route_is_listed_twice() -> None:
     assert len(rows) == len(set(rows))
 
 
-def test_volumes_is_an_empty_place() -> None:
-    assert volumes.ENDPOINTS == ()
+def test_volumes_serves_every_volume_operation_of_the_contract() -> None:
+    served = {(endpoint.method, endpoint.path.replace("{volume_id}", "{volumeID}")) for endpoint in volumes.ENDPOINTS}
+    assert served == {route for route in _contract_routes() if route[1].startswith("/volumes")}
 
 
 async def test_a_handler_called_directly(plane: Plane) -> None:

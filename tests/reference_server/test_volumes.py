@@ -164,3 +164,50 @@ async def test_a_mounted_volume_is_in_use(api: tuple[httpx.AsyncClient, VolumeSe
     assert (await client.delete(f"/volumes/{volume['volumeID']}", headers={"X-API-Key": ALICE})).status_code == 204
     assert (await client.delete(f"/volumes/{volume['volumeID']}", headers={"X-API-Key": ALICE})).status_code == 404
     assert volumes.storage.ids() == set(), "its files are gone"
+
+
+async def test_start_up_settles_records_and_files(api: tuple[httpx.AsyncClient, VolumeService, FakeBackend]) -> None:
+    """Every crash state start-up can meet: each is settled, reported, and no file is deleted unasked."""
+    client, volumes, _ = api
+    kept = await new_volume(client, "kept")
+    write = await client.put(
+        f"/volumecontent/{kept['volumeID']}/file",
+        params={"path": "/data.txt"},
+        content=b"survives",
+        headers={"Authorization": f"Bearer {kept['token']}"},
+    )
+    assert write.status_code == 201, write.text
+    lost = await new_volume(client, "lost")  # a record whose files went (an operator's rm -rf)
+    volumes.storage.remove(lost["volumeID"])
+    half = await new_volume(client, "half-made")  # a create cut off before it answered
+    assert await volumes.store.move(half["volumeID"], "ready", "creating")
+    going = await new_volume(client, "half-deleted")  # a delete cut off after it marked the record
+    assert await volumes.store.move(going["volumeID"], "ready", "deleting")
+    stray = "vol" + "z" * 17  # files no record knows (a crash between files and record)
+    volumes.storage.ensure(stray, 16)
+    (volumes.storage.mount_point(stray) / "precious").write_text("not ours to delete")
+
+    report = await volumes.open()
+
+    assert report.remade == (lost["volumeID"],)
+    assert report.undone == (half["volumeID"],)
+    assert report.orphaned == (stray,)
+    listed = await client.get("/volumes", headers={"X-API-Key": ALICE})
+    assert sorted(volume["name"] for volume in listed.json()) == ["kept", "lost"]
+    assert volumes.storage.ids() == {kept["volumeID"], lost["volumeID"]}
+    aside = volumes.storage.root.parent / "volumes-orphaned" / stray
+    assert (aside / "volume.img").is_file(), "files without a record are moved aside, never deleted"
+    read = await client.get(
+        f"/volumecontent/{kept['volumeID']}/file",
+        params={"path": "/data.txt"},
+        headers={"Authorization": f"Bearer {kept['token']}"},
+    )
+    assert (read.status_code, read.content) == (200, b"survives")
+    relisted = await client.get(
+        f"/volumecontent/{lost['volumeID']}/dir",
+        params={"path": "/"},
+        headers={"Authorization": f"Bearer {lost['token']}"},
+    )
+    assert (relisted.status_code, relisted.json()) == (200, []), "made again, empty"
+    # A second start finds nothing left to settle.
+    assert await volumes.open() == type(report)()

@@ -47,7 +47,9 @@ class _Item:
 
 
 def _case(name: str) -> Case:
-    return next(case for family in ("envd", "sandbox", "interpreter") for case in cases(family) if case.name == name)
+    return next(
+        case for family in ("envd", "sandbox", "interpreter", "volume") for case in cases(family) if case.name == name
+    )
 
 
 def test_only_the_listed_backend_s_case_is_a_strict_xfail() -> None:
@@ -68,6 +70,8 @@ def test_only_the_listed_backend_s_case_is_a_strict_xfail() -> None:
 
 def test_every_listed_case_is_one_the_live_tests_run() -> None:
     """An entry naming no case of these families would mark nothing here (the harness calls it stale)."""
-    names = {case.name: case.flavours for family in ("envd", "sandbox", "interpreter") for case in cases(family)}
+    names = {
+        case.name: case.flavours for family in ("envd", "sandbox", "interpreter", "volume") for case in cases(family)
+    }
     for entry in load_known_failures():
         assert entry.flavour in names.get(entry.case, ()), f"{entry.case} ({entry.flavour}) is not a live case"
