@@ -254,6 +254,18 @@ VOLUME_CASES: tuple[Case, ...] = (
             ),
         )
     ),
+    *(
+        _volume(
+            f"volume/mounts/{what}",
+            "volume/snapshots",
+            (*LIFE, WRITE, "control.sandboxes.get", "control.sandboxes.pause", "control.sandboxes.connect", *extra),
+            check,
+        )
+        for what, check, extra in (
+            ("filesystem-pause", volume_checks.volume_filesystem_pause, ()),
+            ("snapshot", volume_checks.volume_snapshot, ("control.snapshots.create", "control.templates.delete")),
+        )
+    ),
 )
 
 

@@ -145,3 +145,21 @@ def volume_pause_resume(r: dict[str, Any], work: str) -> None:
     # Written through the API while the sandbox was paused, and the sandbox's own file from before.
     seen = "".join(r["resumed_sees"])
     assert seen == "keptfrom-first", f"the resumed sandbox reads the volume's files as {r['resumed_sees']}"
+
+
+def volume_filesystem_pause(r: dict[str, Any], work: str) -> None:
+    refused(r["in_use_cold_paused"], "destroy of a volume a sandbox paused without memory mounts", says="in use")
+    # The cold-booted sandbox mounts the volume again: the API's write while paused, its own files.
+    assert r["cold_resumed_sees"] == ["kept", "in-volume", "own"], f"after the resume: {r['cold_resumed_sees']}"
+    assert r["cold_resumed_mounts"] == ["/mnt/v"], f"volume mounts after the resume: {r['cold_resumed_mounts']}"
+
+
+def volume_snapshot(r: dict[str, Any], work: str) -> None:
+    # A sandbox from the snapshot has the source's own files and none of the volume's, nor its mount.
+    own, listing = r["plain_sees"]
+    assert own == "own", f"a sandbox from the snapshot reads the source's own file as {own!r}"
+    assert listing in ("[]", "absent"), f"a sandbox from the snapshot, made without mounts, has /mnt/v as {listing}"
+    assert r["plain_mounts"] == [], f"a sandbox from the snapshot, made without mounts, lists {r['plain_mounts']}"
+    # Mounted again, the volume is as it is now (written after the snapshot), not as it was.
+    assert r["again_sees"] == ["own", "later"], f"a sandbox from the snapshot with the volume: {r['again_sees']}"
+    assert r["destroyed"] is True, "destroy with only the snapshot left did not answer True (a snapshot holds none)"

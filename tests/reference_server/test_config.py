@@ -81,6 +81,7 @@ def test_defaults_are_the_documented_ones(env: dict[str, str], data_dir: Path) -
         "max_parallel_builds": 2,
         "warm_pool": ("base=2", "code-interpreter-v1=1"),
         "warm_pool_memory_mb": 4096,
+        "volume_mb": 1024,
     }
     assert runtime_backends.serving_backends() == BACKENDS
     assert "crun" in BACKENDS
@@ -159,6 +160,7 @@ def test_every_variable_is_read(tmp_path: Path, env: dict[str, str]) -> None:
         "max_parallel_builds": "4",
         "warm_pool": "base=1, code-interpreter-v1=0",
         "warm_pool_memory_mb": "1024",
+        "volume_mb": "64",
     }
     assert set(values) == set(FIELDS)
     config = load_config(None, {**env, **{env_variable(key): value for key, value in values.items()}})
@@ -194,6 +196,7 @@ def test_every_variable_is_read(tmp_path: Path, env: dict[str, str]) -> None:
         "max_parallel_builds": 4,
         "warm_pool": ("base=1", "code-interpreter-v1=0"),
         "warm_pool_memory_mb": 1024,
+        "volume_mb": 64,
     }
     assert config.warm_pool_sizes() == {"base": 1, "code-interpreter-v1": 0}
     settings = config.registry_settings()

@@ -18,6 +18,9 @@ const OWNERS =
 const MISSING_ID = 'vol' + '0'.repeat(17) // well formed, never issued
 const BIG = 100 * 1024 * 1024 // the large file's size: 100 MiB
 const CHUNK = 1 << 20
+// What is at /mnt/v in a sandbox: the names in it, or "absent".
+const LISTING =
+  'python3 -c \'import os; p = "/mnt/v"; print(sorted(os.listdir(p)) if os.path.isdir(p) else "absent")\''
 
 const scenarios = {}
 
@@ -277,6 +280,52 @@ scenarios['volume/mounts'] = async () => {
         process.stderr.write(`cleanup of ${sbx.sandboxId}: ${err}\n`)
       }
     }
+    await destroyQuietly(vol.volumeId)
+  }
+}
+
+// A filesystem-only pause keeps the mount; a snapshot holds the sandbox's own files, not the volume's.
+scenarios['volume/snapshots'] = async () => {
+  const vol = await Volume.create(suiteName('snapshots'))
+  const sandboxes = []
+  let snapshotId = null
+  const createKept = async (...args) => {
+    const sbx = await Sandbox.create(...args)
+    sandboxes.push(sbx)
+    return sbx
+  }
+  try {
+    const source = await createKept({ volumeMounts: { '/mnt/v': vol }, timeoutMs: 120_000 })
+    await sh(source, 'echo in-volume > /mnt/v/shared.txt && echo own > /home/user/own.txt')
+    await source.pause({ keepMemory: false })
+    const result = { in_use_cold_paused: await refusal(() => Volume.destroy(vol.volumeId)) }
+    await vol.writeFile('/while-paused.txt', 'kept')
+    const resumed = await Sandbox.connect(source.sandboxId, { timeoutMs: 120_000 })
+    sandboxes.push(resumed)
+    result.cold_resumed_sees = (
+      await sh(resumed, 'cat /mnt/v/while-paused.txt /mnt/v/shared.txt /home/user/own.txt')
+    ).split(/\s+/)
+    result.cold_resumed_mounts = (await resumed.getInfo()).volumeMounts.map((m) => m.path)
+    snapshotId = (await resumed.createSnapshot()).snapshotId
+    await vol.writeFile('/after-snapshot.txt', 'later')
+    const plain = await createKept(snapshotId, { timeoutMs: 120_000 })
+    result.plain_sees = [await sh(plain, 'cat /home/user/own.txt'), await sh(plain, LISTING)]
+    result.plain_mounts = (await plain.getInfo()).volumeMounts
+    const again = await createKept(snapshotId, { volumeMounts: { '/mnt/v': vol.name }, timeoutMs: 120_000 })
+    result.again_sees = (await sh(again, 'cat /home/user/own.txt /mnt/v/after-snapshot.txt')).split(/\s+/)
+    for (const sbx of [resumed, plain, again]) await sbx.kill()
+    // The snapshot is kept, and does not hold the volume.
+    result.destroyed = await Volume.destroy(vol.volumeId)
+    return result
+  } finally {
+    for (const sbx of sandboxes) {
+      try {
+        await sbx.kill()
+      } catch (err) {
+        process.stderr.write(`cleanup of ${sbx.sandboxId}: ${err}\n`)
+      }
+    }
+    if (snapshotId !== null) await Sandbox.deleteSnapshot(snapshotId)
     await destroyQuietly(vol.volumeId)
   }
 }

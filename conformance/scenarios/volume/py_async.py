@@ -32,6 +32,8 @@ SCENARIOS: dict[str, Scenario] = {}
 MISSING_ID = "vol" + "0" * 17  # well formed, never issued
 BIG = 100 * 1024 * 1024  # the large file's size: 100 MiB
 CHUNK = 1 << 20
+# What is at /mnt/v in a sandbox: the names in it, or "absent".
+LISTING = 'python3 -c \'import os; p = "/mnt/v"; print(sorted(os.listdir(p)) if os.path.isdir(p) else "absent")\''
 
 
 def scenario(name: str) -> Callable[[Scenario], Scenario]:
@@ -296,6 +298,52 @@ async def _mounts(work: str) -> dict[str, Any]:
                 await sbx.kill()
             except Exception as exc:  # noqa: BLE001 -- cleanup reports and goes on
                 print(f"cleanup of {sbx.sandbox_id}: {exc}", file=sys.stderr)
+        await destroy_quietly(vol.volume_id)
+
+
+@scenario("volume/snapshots")
+async def _snapshots(work: str) -> dict[str, Any]:
+    """A filesystem-only pause keeps the mount; a snapshot holds the sandbox's own files, not the volume's."""
+    vol = await AsyncVolume.create(suite_name("snapshots"))
+    sandboxes: list[AsyncSandbox] = []
+    snapshot_id = None
+
+    async def create_kept(*args: Any, **opts: Any) -> AsyncSandbox:
+        sbx = await AsyncSandbox.create(*args, **opts)
+        sandboxes.append(sbx)
+        return sbx
+
+    try:
+        source = await create_kept(volume_mounts={"/mnt/v": vol}, timeout=120)
+        await sh(source, "echo in-volume > /mnt/v/shared.txt && echo own > /home/user/own.txt")
+        await source.pause(keep_memory=False)
+        result: dict[str, Any] = {"in_use_cold_paused": await refusal(AsyncVolume.destroy(vol.volume_id))}
+        await vol.write_file("/while-paused.txt", "kept")
+        resumed = await AsyncSandbox.connect(source.sandbox_id, timeout=120)
+        sandboxes.append(resumed)
+        seen = await sh(resumed, "cat /mnt/v/while-paused.txt /mnt/v/shared.txt /home/user/own.txt")
+        result["cold_resumed_sees"] = seen.split()
+        result["cold_resumed_mounts"] = [m["path"] for m in (await resumed.get_info()).volume_mounts]
+        snapshot_id = (await resumed.create_snapshot()).snapshot_id
+        await vol.write_file("/after-snapshot.txt", "later")
+        plain = await create_kept(snapshot_id, timeout=120)
+        result["plain_sees"] = [await sh(plain, "cat /home/user/own.txt"), await sh(plain, LISTING)]
+        result["plain_mounts"] = (await plain.get_info()).volume_mounts
+        again = await create_kept(snapshot_id, volume_mounts={"/mnt/v": vol.name}, timeout=120)
+        result["again_sees"] = (await sh(again, "cat /home/user/own.txt /mnt/v/after-snapshot.txt")).split()
+        for sbx in (resumed, plain, again):
+            await sbx.kill()
+        # The snapshot is kept, and does not hold the volume.
+        result["destroyed"] = await AsyncVolume.destroy(vol.volume_id)
+        return result
+    finally:
+        for sbx in sandboxes:
+            try:
+                await sbx.kill()
+            except Exception as exc:  # noqa: BLE001 -- cleanup reports and goes on
+                print(f"cleanup of {sbx.sandbox_id}: {exc}", file=sys.stderr)
+        if snapshot_id is not None:
+            await AsyncSandbox.delete_snapshot(snapshot_id)
         await destroy_quietly(vol.volume_id)
 
 

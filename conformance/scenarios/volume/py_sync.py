@@ -31,6 +31,8 @@ SCENARIOS: dict[str, Callable[[str], dict[str, Any]]] = {}
 MISSING_ID = "vol" + "0" * 17  # well formed, never issued
 BIG = 100 * 1024 * 1024  # the large file's size: 100 MiB
 CHUNK = 1 << 20
+# What is at /mnt/v in a sandbox: the names in it, or "absent".
+LISTING = 'python3 -c \'import os; p = "/mnt/v"; print(sorted(os.listdir(p)) if os.path.isdir(p) else "absent")\''
 
 
 def scenario(name: str) -> Callable[[Callable[[str], dict[str, Any]]], Callable[[str], dict[str, Any]]]:
@@ -278,6 +280,49 @@ def _mounts(work: str) -> dict[str, Any]:
                 sbx.kill()
             except Exception as exc:  # noqa: BLE001 -- cleanup reports and goes on
                 print(f"cleanup of {sbx.sandbox_id}: {exc}", file=sys.stderr)
+        destroy_quietly(vol.volume_id)
+
+
+@scenario("volume/snapshots")
+def _snapshots(work: str) -> dict[str, Any]:
+    """A filesystem-only pause keeps the mount; a snapshot holds the sandbox's own files, not the volume's."""
+    vol = Volume.create(suite_name("snapshots"))
+    sandboxes: list[Sandbox] = []
+    snapshot_id = None
+    try:
+        source = Sandbox.create(volume_mounts={"/mnt/v": vol}, timeout=120)
+        sandboxes.append(source)
+        sh(source, "echo in-volume > /mnt/v/shared.txt && echo own > /home/user/own.txt")
+        source.pause(keep_memory=False)
+        result: dict[str, Any] = {"in_use_cold_paused": refusal(lambda: Volume.destroy(vol.volume_id))}
+        vol.write_file("/while-paused.txt", "kept")
+        resumed = Sandbox.connect(source.sandbox_id, timeout=120)
+        sandboxes.append(resumed)
+        seen = sh(resumed, "cat /mnt/v/while-paused.txt /mnt/v/shared.txt /home/user/own.txt")
+        result["cold_resumed_sees"] = seen.split()
+        result["cold_resumed_mounts"] = [m["path"] for m in resumed.get_info().volume_mounts]
+        snapshot_id = resumed.create_snapshot().snapshot_id
+        vol.write_file("/after-snapshot.txt", "later")
+        plain = Sandbox.create(snapshot_id, timeout=120)
+        sandboxes.append(plain)
+        result["plain_sees"] = [sh(plain, "cat /home/user/own.txt"), sh(plain, LISTING)]
+        result["plain_mounts"] = plain.get_info().volume_mounts
+        again = Sandbox.create(snapshot_id, volume_mounts={"/mnt/v": vol.name}, timeout=120)
+        sandboxes.append(again)
+        result["again_sees"] = sh(again, "cat /home/user/own.txt /mnt/v/after-snapshot.txt").split()
+        for sbx in (resumed, plain, again):
+            sbx.kill()
+        # The snapshot is kept, and does not hold the volume.
+        result["destroyed"] = Volume.destroy(vol.volume_id)
+        return result
+    finally:
+        for sbx in sandboxes:
+            try:
+                sbx.kill()
+            except Exception as exc:  # noqa: BLE001 -- cleanup reports and goes on
+                print(f"cleanup of {sbx.sandbox_id}: {exc}", file=sys.stderr)
+        if snapshot_id is not None:
+            Sandbox.delete_snapshot(snapshot_id)
         destroy_quietly(vol.volume_id)
 
 
