@@ -637,7 +637,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "alive = frozenset(SandboxState) - {S.KILLED, S.FAILED}",
         "alive = frozenset({S.RUNNING})",
         "a volume that only a paused sandbox mounts can be deleted under it",
-        ("volume/mounts/in-use",),
+        ("volume/mounts/in-use", "volume/mounts/filesystem-pause"),
     ),
     Mutant(
         "server/volume-files/default-owner-root",

@@ -46,10 +46,10 @@ def test_committed_policy_names_sdk_operations_for_the_flavours_that_call_them()
                 if flavour == "js":
                     assert op.js_entry_points, op_id
                 else:
-                    # e2b's sandbox modules, or e2b_code_interpreter's for the interpreter operations
+                    # e2b's sandbox and volume modules, or e2b_code_interpreter's for the interpreter operations
                     modules = {
-                        "py-sync": (".sandbox_sync.", ".code_interpreter_sync."),
-                        "py-async": (".sandbox_async.", ".code_interpreter_async."),
+                        "py-sync": (".sandbox_sync.", ".code_interpreter_sync.", ".volume_sync."),
+                        "py-async": (".sandbox_async.", ".code_interpreter_async.", ".volume_async."),
                     }[flavour]
                     # envd HTTP helpers are shared by both Python flavours; the rest name the flavour's module
                     assert any(m in ep for ep in op.python_entry_points for m in (*modules, ".envd.")), (op_id, flavour)
