@@ -2,7 +2,8 @@
 
 The cases are the harness's (``conformance._cases``, family ``volume``): control operations and
 owners, the content API (a 100 MiB file, concurrent writers), and volumes mounted into two
-sandboxes at once, their owners as a sandbox sees them, in-use refusals and pause/resume. Beside
+sandboxes at once, their owners as a sandbox sees them, in-use refusals, pause/resume with and
+without memory, and snapshots of a sandbox that mounts one (they hold none of its files). Beside
 them, a restart of the server (SIGKILL, then start) loses no volume, file or mount.
 """
 
