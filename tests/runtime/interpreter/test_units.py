@@ -431,3 +431,33 @@ def test_startup_route_waits_for_the_default_kernels(monkeypatch: pytest.MonkeyP
 
     assert asyncio.run(main()) == (503, 200, 200)
     assert started == list(_languages.STARTUP_LANGUAGES)
+
+
+def test_the_default_kernels_warm_up_under_the_run_lock(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A first run that arrives while a default kernel warms up waits for it: never two requests
+    in flight on one kernel (two at once left first runs hanging on gVisor)."""
+    from runtime.interpreter import _contexts
+
+    locked: list[bool] = []
+
+    async def ensure_started(self: _contexts.Context) -> object:
+        locked.append(self.run_lock.locked())
+        return object()
+
+    async def run_silently(self: _contexts.Context, kernel: object, code: str) -> bool:
+        locked.append(self.run_lock.locked())
+        return True
+
+    monkeypatch.setattr(_contexts.Context, "ensure_started", ensure_started)
+    monkeypatch.setattr(_contexts.Context, "run_silently", run_silently)
+
+    async def scenario() -> None:
+        contexts = _contexts.Contexts(_contexts.Settings(envd_url="http://127.0.0.1:9"), tmp_path)
+        defaults = contexts.start_default()
+        while contexts.starting_defaults():
+            await asyncio.sleep(0.01)
+        assert len(locked) == 2 * len(defaults)
+        await contexts.close_all()
+
+    asyncio.run(scenario())
+    assert all(locked)
