@@ -18,6 +18,7 @@ A case ``conformance/known-failures.json`` lists for a backend is a strict xfail
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -107,8 +108,10 @@ def check_case(request: pytest.FixtureRequest, runner: ScenarioRunner, flavour: 
 
 
 def log_tail(server: LiveServer, lines: int) -> str:
+    """The log's last lines, without the API key the server prints for its clients."""
     try:
-        return "\n".join(server.log.read_text(errors="replace").splitlines()[-lines:])
+        tail = "\n".join(server.log.read_text(errors="replace").splitlines()[-lines:])
+        return re.sub(r"E2B_API_KEY=\S+", "E2B_API_KEY=<redacted>", tail)
     except OSError as exc:
         return f"(unreadable: {exc})"
 
