@@ -272,9 +272,16 @@ def sandbox_users_and_tokens(r: dict[str, Any], work: str) -> None:
     assert r["secure_without_token"] == dict.fromkeys(("download", "upload", "list", "stat"), 401), (
         f"a secure sandbox's envd answered without its token: {r['secure_without_token']}"
     )
-    assert r["public_without_token"] == dict.fromkeys(("download", "upload", "list", "stat"), 200), (
-        f"a sandbox created with secure=False refused requests without a token: {r['public_without_token']}"
-    )
+    if _version(r["client_version"]) >= SECURE_IGNORED_FROM:
+        # The client sends no ``secure`` (documented as deprecated and ignored): secured like any other.
+        assert r["public_without_token"] == dict.fromkeys(("download", "upload", "list", "stat"), 401), (
+            f"e2b {r['client_version']} ignores secure=False, so its sandbox is secured, but envd answered "
+            f"without the token: {r['public_without_token']}"
+        )
+    else:
+        assert r["public_without_token"] == dict.fromkeys(("download", "upload", "list", "stat"), 200), (
+            f"a sandbox created with secure=False refused requests without a token: {r['public_without_token']}"
+        )
     let_through = {rpc: status for rpc, status in r["rpc_without_token"].items() if status != 401}
     assert set(r["rpc_without_token"]) == set(TOKEN_RPCS), sorted(r["rpc_without_token"])
     assert not let_through, f"a secure sandbox's envd answered these RPCs without its token (not 401): {let_through}"
@@ -284,6 +291,15 @@ def sandbox_users_and_tokens(r: dict[str, Any], work: str) -> None:
         "killed": True,
         "watched": True,
     }, f"process and watch calls with the token: {r['rpc_with_token']}"
+
+
+# From this version on (Python e2b and npm e2b alike) ``secure`` is deprecated and ignored: the
+# clients leave it out of the create body, and every sandbox is secured.
+SECURE_IGNORED_FROM = (2, 51)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".")[:2])
 
 
 # The process and watch RPCs sandbox/users-and-tokens sends to a secure sandbox without its token.

@@ -37,10 +37,13 @@ __all__ = [
     "ENVELOPE_HEADER_SIZE",
     "FLAG_COMPRESSED",
     "FLAG_END_STREAM",
+    "IDEMPOTENCY_KEY_HEADER",
     "INTERPRETER_PORT",
     "NEXT_TOKEN_HEADER",
+    "RETRY_AFTER_HEADER",
     "SANDBOX_ID_HEADER",
     "SANDBOX_PORT_HEADER",
+    "SHOULD_RETRY_HEADER",
     "TRAFFIC_TOKEN_HEADER",
     "Envelope",
     "EnvelopeError",
@@ -57,6 +60,9 @@ INTERPRETER_PORT: Final = 49999  # the Code Interpreter server of code-interpret
 # (the S105 exceptions: these are names of headers that carry tokens, not tokens)
 API_KEY_HEADER: Final = "X-API-Key"  # control plane: the caller's API key
 NEXT_TOKEN_HEADER: Final = "x-next-token"  # noqa: S105 - control plane: the cursor of the next list page
+IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"  # control plane: names a create, so a retry makes it once
+SHOULD_RETRY_HEADER: Final = "Should-Retry"  # control plane answers: "true"/"false", whether a retry may help
+RETRY_AFTER_HEADER: Final = "Retry-After"  # control plane answers: whole seconds to wait before that retry
 ACCESS_TOKEN_HEADER: Final = "X-Access-Token"  # noqa: S105 - envd: the sandbox's envd access token
 TRAFFIC_TOKEN_HEADER: Final = "E2B-Traffic-Access-Token"  # noqa: S105 - edge: user ports of private sandboxes
 SANDBOX_ID_HEADER: Final = "E2b-Sandbox-Id"  # edge: which sandbox a request on the shared host is for

@@ -28,6 +28,12 @@ and published to the host's ledger, but a tenant's admission never counts it: th
 memory nobody else needs, and gives its sandboxes back while the budget is over (``over_budget``).
 A claimed warm sandbox is counted once, as the create that claimed it.
 
+Python clients from e2b 2.61 on retry a 429 by themselves (three times by default) unless the
+answer says ``Should-Retry: false``, and wait the answer's ``Retry-After`` seconds if it has one.
+So the rate limit's 429 says when its next token is there (``Retry-After``, ``Should-Retry:
+true``), and the other limits say ``Should-Retry: false``: only a kill or a pause makes room, so
+a retry within seconds would only delay the refusal the caller has to act on.
+
 Host-wide for memory: with a ``MemoryLedger`` (``runtime.host``; the serve command gives each
 server the host's), the budget holds for every server on the host together. Each server
 publishes what it holds when a start is admitted or ends and on every reaper sweep (kills and
@@ -38,17 +44,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contract.protocol import RETRY_AFTER_HEADER, SHOULD_RETRY_HEADER
 from runtime.host import MemoryLedger
 
 from ._config import ServerConfig
 from ._errors import ApiError
 from ._records import SandboxRecord, SandboxState
 from ._store import Store
+
+_NO_RETRY = {SHOULD_RETRY_HEADER: "false"}  # a capacity limit: waiting seconds does not make room
 
 __all__ = ["RUNNING_STATES", "Admission", "AdmissionLimits", "TokenBucket", "admission_limits", "host_memory_mb"]
 
@@ -110,6 +120,10 @@ class TokenBucket:
     def __post_init__(self) -> None:
         self.tokens = float(self.burst)
 
+    def wait_s(self) -> int:
+        """Whole seconds, at least 1, until the next token (read after a ``take`` that failed)."""
+        return max(1, math.ceil((1.0 - self.tokens) / self.rate)) if self.rate > 0 else 60
+
     def take(self, now: float) -> bool:
         if self.stamp is not None:
             self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) * self.rate)
@@ -160,6 +174,7 @@ class Admission:
                 429,
                 f"Sandbox create rate limit reached: at most {self.limits.owner_create_rate:g} per second "
                 f"(bursts of {self.limits.owner_create_burst})",
+                {SHOULD_RETRY_HEADER: "true", RETRY_AFTER_HEADER: str(bucket.wait_s())},
             )
         async with self._reserve(owner, sandbox_id, memory_mb, new=True):
             yield
@@ -280,9 +295,12 @@ class Admission:
                 429,
                 f"Concurrent sandbox limit reached: {owned} of at most {limits.owner_max_running} running; "
                 "kill or pause one first",
+                _NO_RETRY,
             )
         if new and len(live) >= limits.max_sandboxes:
-            raise ApiError(429, f"This server holds its most sandboxes ({limits.max_sandboxes}, running and paused)")
+            raise ApiError(
+                429, f"This server holds its most sandboxes ({limits.max_sandboxes}, running and paused)", _NO_RETRY
+            )
         committed = sum(memory.values())
         if elsewhere_mb + committed + memory_mb > self.memory_budget_mb:
             shared = f", {elsewhere_mb} MiB of it by other servers on this host" if elsewhere_mb else ""
@@ -290,6 +308,7 @@ class Admission:
                 429,
                 f"The server has no memory for another sandbox "
                 f"({elsewhere_mb + committed} of {self.memory_budget_mb} MiB committed{shared})",
+                _NO_RETRY,
             )
         return committed
 

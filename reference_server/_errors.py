@@ -9,13 +9,16 @@ log, never to the client).
 
 Exceptions::
 
-    ApiError (status, message)   raised anywhere below a handler; answered as above
+    ApiError (status, message, headers)   raised anywhere below a handler; answered as above,
+                                          with its headers (``Retry-After``, ``Should-Retry``)
 
 Failures of the runtime (``runtime.backend.SandboxRuntimeError`` and its subclasses) become
 ``ApiError`` in one place, ``runtime_refusal``, by the table ``RUNTIME_ANSWERS``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from starlette.responses import JSONResponse
 
@@ -50,10 +53,11 @@ INVALID_VOLUME_TOKEN = "Invalid volume token"  # noqa: S105 - a message, not a s
 class ApiError(Exception):
     """A refusal with its HTTP status and a message safe to show to the caller."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = dict(headers or {})
 
     def __repr__(self) -> str:
         return f"ApiError({self.status}, {self.message!r})"

@@ -230,6 +230,21 @@ CREATE UNIQUE INDEX volumes_by_name ON volumes (owner, name);
 CREATE INDEX volumes_by_owner ON volumes (owner, created_at, volume_id);
 """
 
+# Idempotent creates (``_idempotency``): an owner's ``Idempotency-Key``, the fingerprint of the body
+# it was first sent with and, once that create succeeded, the sandbox it made (NULL while pending).
+_CREATE_KEYS = """
+CREATE TABLE create_keys (
+    owner TEXT NOT NULL CHECK (owner <> ''),
+    key TEXT NOT NULL CHECK (length(key) BETWEEN 1 AND 255),
+    fingerprint TEXT NOT NULL CHECK (length(fingerprint) = 64),
+    sandbox_id TEXT CHECK (sandbox_id IS NULL OR sandbox_id <> ''),
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (owner, key)
+) STRICT;
+
+CREATE INDEX create_keys_by_age ON create_keys (created_at);
+"""
+
 # Append only; never edit an entry once a server has shipped with it.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "sandboxes", _SANDBOXES),
@@ -237,6 +252,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "snapshots", _SNAPSHOTS),
     Migration(4, "templates", _TEMPLATES),
     Migration(5, "volumes", _VOLUMES),
+    Migration(6, "create_keys", _CREATE_KEYS),
 )
 
 

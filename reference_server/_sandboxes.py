@@ -36,6 +36,7 @@ from ._agent_session import AgentSession, SessionFactory
 from ._credentials import SealedToken, TokenScope, TokenVault, new_sandbox_token
 from ._errors import ApiError, runtime_refusal
 from ._events import LogQuery, append_event, query_logs, rfc3339, since
+from ._idempotency import CreateKeys
 from ._metrics import MetricsBook, Sample
 from ._records import (
     Defaults,
@@ -177,6 +178,7 @@ class SandboxService:
         self._locks: dict[str, asyncio.Lock] = {}
         self.built: BuiltTemplates | None = None  # set once the template service exists
         self.volumes: VolumeService | None = None  # set once the volume service exists
+        self.create_keys = CreateKeys(store.db, self._clock)  # ``Idempotency-Key`` on create
         self.admission = Admission(
             settings.admission,
             store,
@@ -242,17 +244,42 @@ class SandboxService:
         metadata: Mapping[str, str],
         limit: int,
         after: str | None,
+        order: str = "desc",
+        started_after: datetime | None = None,
+        template: str | None = None,
     ) -> Page:
-        """The v2 list: one page in the API states asked for (running and paused when none)."""
+        """The v2 list: one page in the API states asked for (running and paused when none).
+
+        ``order`` is by start (creation) time, newest first unless ``asc``; ``template`` is a template
+        id or alias, resolved as a create resolves it (a name of nothing lists nothing).
+        """
         wanted = set(states or ("running", "paused"))
         unknown = sorted(wanted - set(API_STATES))
         if unknown:
             raise ApiError(400, f"Invalid state filter: {unknown[0]} (known: {', '.join(API_STATES)})")
         covered = set().union(*(API_STATES[state] for state in wanted))
+        template_id = None if template is None else await self._template_filter(owner, template)
         try:
-            return await self.store.list(owner, states=covered, metadata=metadata, limit=limit, after=after)
+            return await self.store.list(
+                owner,
+                states=covered,
+                metadata=metadata,
+                limit=limit,
+                after=after,
+                descending=order == "desc",
+                started_after=started_after,
+                template_id=template_id,
+            )
         except InvalidCursor:
             raise ApiError(400, text.INVALID_CURSOR) from None
+
+    async def _template_filter(self, owner: str, template: str) -> str:
+        """The templateID the owner's sandboxes of ``template`` (an id or an alias) report."""
+        try:
+            resolved = await resolve_template(self.settings.templates, self.built, self.snapshots, owner, template)
+        except ApiError:  # no such template: its name matches no sandbox either
+            return template
+        return resolved.reported or template
 
     async def metric_series(
         self, owner: str, sandbox_id: str, start: datetime | None, end: datetime | None
@@ -351,6 +378,26 @@ class SandboxService:
             await self.built.spawned(built.template.template_id)
         await self.metrics.sample(sandbox_id)
         return Opened(record, envd_token, traffic_token)
+
+    async def create_once(self, owner: str, request: CreateRequest, key: str | None, body_print: str) -> Opened:
+        """``create``, made once per ``Idempotency-Key`` of the owner; a repeat answers the first sandbox."""
+        if key is None:
+            return await self.create(owner, request)
+
+        async def replay(sandbox_id: str) -> Opened | None:
+            try:
+                return await self.detail(owner, sandbox_id)
+            except ApiError:  # gone (killed, or never this owner's)
+                return None
+
+        return await self.create_keys.once(
+            owner,
+            key,
+            body_print,
+            create=lambda: self.create(owner, request),
+            bound_id=lambda opened: opened.record.sandbox_id,
+            replay=replay,
+        )
 
     async def _volume_mounts(self, owner: str, asked: tuple[tuple[str, str], ...]) -> tuple[MountedVolume, ...]:
         """The owner's ready volumes a create names, each with its path; 400 for a name there is no volume of."""

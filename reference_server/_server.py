@@ -200,6 +200,10 @@ async def open_server(
         # Before the sandboxes: one restored after a host restart binds its volumes' files again.
         _report_volumes(await service.volumes.open())
         reconciliation = await reconcile(service)  # kills the sandboxes of builds a stop cut off
+        if cut_off := await service.create_keys.open():
+            log.warning(
+                "%d create(s) with an Idempotency-Key were cut off by a stop: their keys are free again", cut_off
+            )
         template_store = await TemplateStore.open(database)
         builds = TemplateService(
             sandboxes=service,

@@ -143,32 +143,49 @@ class Page:
 _CURSOR = re.compile(r"[A-Za-z0-9_-]{1,1024}")
 
 
-def encode_page_key(created_at: datetime, key: str) -> str:
-    """A page cursor: the (creation time, id) sort key of a page's last row, as unpadded URL-safe base64."""
-    text = json.dumps([format_time(created_at), key], separators=(",", ":"), ensure_ascii=False)
+def encode_page_key(created_at: datetime, key: str, *, descending: bool = False) -> str:
+    """A page cursor: the (creation time, id) sort key of a page's last row, as unpadded URL-safe base64.
+
+    A cursor of a newest-first list also says so: it is a position in that order only.
+    """
+    parts = [format_time(created_at), key, *(["desc"] if descending else [])]
+    text = json.dumps(parts, separators=(",", ":"), ensure_ascii=False)
     return base64.urlsafe_b64encode(text.encode("utf-8")).decode("ascii").rstrip("=")
 
 
-def decode_page_key(token: str) -> tuple[str, str]:
-    """The sort key of a cursor made by ``encode_page_key``; ``InvalidCursor`` for anything else."""
+def _decode_key(token: str) -> list[str]:
     if not _CURSOR.fullmatch(token):
         raise InvalidCursor
     try:
         key = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode("utf-8"))
-        if not isinstance(key, list) or len(key) != 2 or not all(isinstance(part, str) and part for part in key):
+        if not isinstance(key, list) or len(key) not in (2, 3) or not all(isinstance(p, str) and p for p in key):
+            raise InvalidCursor
+        if len(key) == 3 and key[2] != "desc":
             raise InvalidCursor
         parse_time(key[0])
     except (ValueError, binascii.Error):  # also JSON and UTF-8 decoding errors
         raise InvalidCursor from None
+    return key
+
+
+def decode_page_key(token: str) -> tuple[str, str]:
+    """The sort key of an oldest-first cursor made by ``encode_page_key``; ``InvalidCursor`` for anything else."""
+    key = _decode_key(token)
+    if len(key) != 2:
+        raise InvalidCursor
     return key[0], key[1]
 
 
-def encode_cursor(record: SandboxRecord) -> str:
-    return encode_page_key(record.created_at, record.sandbox_id)
+def encode_cursor(record: SandboxRecord, *, descending: bool = False) -> str:
+    return encode_page_key(record.created_at, record.sandbox_id, descending=descending)
 
 
-def decode_cursor(token: str) -> tuple[str, str]:
-    return decode_page_key(token)
+def decode_cursor(token: str, *, descending: bool = False) -> tuple[str, str]:
+    """The sort key of a sandbox list cursor of that order; ``InvalidCursor`` for one of the other order."""
+    key = _decode_key(token)
+    if (len(key) == 3) != descending:
+        raise InvalidCursor
+    return key[0], key[1]
 
 
 _GET = "SELECT record FROM sandboxes WHERE sandbox_id = ?"
@@ -177,21 +194,35 @@ _UPDATE = "UPDATE sandboxes SET record = ? WHERE sandbox_id = ? AND generation =
 _DELETE = "DELETE FROM sandboxes WHERE sandbox_id = ? AND generation = ?"
 # The filters are JSON parameters (json_each), so the SQL is the same text whatever is asked: no SQL
 # is ever assembled from input. A metadata filter matches when no wanted pair is missing from the
-# record. Without a cursor the key starts at ('', ''), below every real key, so the index range
-# scan on (owner, created_at, sandbox_id) serves first and later pages alike.
-_LIST = """
-SELECT record FROM sandboxes
-WHERE owner = :owner
-  AND (created_at, sandbox_id) > (:after_created_at, :after_sandbox_id)
+# record. A sandbox's start (``startedAfter``) is when it first ran (``started_at``, the time the
+# API reports, in the same fixed-width UTC text as ``created_at``), or its creation before that.
+_FILTERS = """
   AND (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
+  AND (:started_after IS NULL OR coalesce(record ->> '$.data.started_at', created_at) >= :started_after)
+  AND (:template IS NULL OR record ->> '$.template_id' = :template)
   AND NOT EXISTS (
       SELECT 1 FROM json_each(:metadata) AS wanted
       WHERE NOT EXISTS (
           SELECT 1 FROM json_each(sandboxes.record, '$.metadata') AS have
           WHERE have.key = wanted.key AND have.value = wanted.value))
+"""
+# Pages run oldest first above a cursor (without one from ('', ''), below every key) or newest
+# first below one (from ('~', ''), above every timestamp): range scans of (owner, created_at,
+# sandbox_id) for first and later pages alike.
+_LIST = f"""
+SELECT record FROM sandboxes
+WHERE owner = :owner
+  AND (created_at, sandbox_id) > (:after_created_at, :after_sandbox_id){_FILTERS}
 ORDER BY created_at, sandbox_id
 LIMIT :limit
-"""
+"""  # noqa: S608 - constant text only
+_LIST_NEWEST_FIRST = f"""
+SELECT record FROM sandboxes
+WHERE owner = :owner
+  AND (created_at, sandbox_id) < (:after_created_at, :after_sandbox_id){_FILTERS}
+ORDER BY created_at DESC, sandbox_id DESC
+LIMIT :limit
+"""  # noqa: S608 - constant text only
 _ALL = """
 SELECT record FROM sandboxes
 WHERE :states IS NULL OR state IN (SELECT value FROM json_each(:states))
@@ -337,24 +368,31 @@ class Store:
         metadata: Mapping[str, str] | None = None,
         limit: int = 100,
         after: str | None = None,
+        descending: bool = False,
+        started_after: datetime | None = None,
+        template_id: str | None = None,
     ) -> Page:
-        """One page of ``owner``'s records in (created_at, sandbox_id) order.
+        """One page of ``owner``'s records in (created_at, sandbox_id) order, or its reverse.
 
-        ``states``: any of them; ``metadata``: every given pair must match; ``after``: a ``next_token``
-        from the previous page (``InvalidCursor`` for anything else).
+        ``states``: any of them; ``metadata``: every given pair must match; ``started_after``: started
+        (or, not started yet, created) then or later; ``template_id``: of that template; ``after``: a
+        ``next_token`` from the previous page of the same order (``InvalidCursor`` for anything else).
         """
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         if states is not None and not set(states) <= STATES:
             raise ValueError(f"unknown sandbox states {sorted(set(states) - STATES)}")
-        after_key = decode_cursor(after) if after is not None else ("", "")
+        first = ("~", "") if descending else ("", "")
+        after_key = decode_cursor(after, descending=descending) if after is not None else first
         rows = await self._db.execute_fetchall(
-            _LIST,
+            _LIST_NEWEST_FIRST if descending else _LIST,
             {
                 "owner": owner,
                 "after_created_at": after_key[0],
                 "after_sandbox_id": after_key[1],
                 "states": None if states is None else json.dumps(sorted(states)),
+                "started_after": None if started_after is None else format_time(started_after),
+                "template": template_id,
                 "metadata": json.dumps(dict(metadata or {})),
                 "limit": limit + 1,  # one more tells whether there is a next page
             },
@@ -362,7 +400,7 @@ class Store:
         records = tuple(SandboxRecord.from_json(row[0]) for row in rows)
         if len(records) <= limit:
             return Page(records, None)
-        return Page(records[:limit], encode_cursor(records[limit - 1]))
+        return Page(records[:limit], encode_cursor(records[limit - 1], descending=descending))
 
     async def _at_generation(self, sandbox_id: str, expected_generation: int) -> SandboxRecord:
         current = await self.get(sandbox_id)

@@ -81,7 +81,7 @@ def create_control_plane(
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        return error_response(exc.status, exc.message)
+        return error_response(exc.status, exc.message, exc.headers or None)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

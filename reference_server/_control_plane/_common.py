@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from reference_server._errors import ApiError
-from reference_server._requests import integer_query
+from reference_server._requests import integer_query, single
 from reference_server._sandboxes import SandboxService
 from reference_server._template_service import TemplateService
 
@@ -34,6 +34,7 @@ __all__ = [
     "metadata_filter",
     "no_content",
     "ranges",
+    "rfc3339_query",
     "unix_ms_query",
     "unix_query",
 ]
@@ -134,6 +135,22 @@ def unix_query(request: Request, name: str) -> datetime | None:
     """A time in whole seconds since the epoch."""
     seconds = integer_query(request, name, default=None, low=0, high=2**40)
     return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
+
+
+def rfc3339_query(request: Request, name: str) -> datetime | None:
+    """A time as RFC 3339 text with its offset (``2026-12-04T18:00:00Z``, ``...+01:00``)."""
+    text = single(request.query_params.getlist(name), name)
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        moment = None
+    if moment is None or moment.utcoffset() is None or "T" not in text.upper():
+        raise ApiError(
+            400, f"Query parameter {name} must be an RFC 3339 time with an offset, e.g. 2026-01-02T03:04:05Z"
+        )
+    return moment.astimezone(UTC)
 
 
 def unix_ms_query(request: Request, name: str) -> int | None:

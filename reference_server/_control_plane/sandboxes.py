@@ -17,15 +17,26 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from contract.protocol import NEXT_TOKEN_HEADER
+from contract.protocol import IDEMPOTENCY_KEY_HEADER, NEXT_TOKEN_HEADER
 from reference_server import _views as views
 from reference_server._errors import ApiError
 from reference_server._events import LEVELS, LogQuery
+from reference_server._idempotency import fingerprint, parse_key
 from reference_server._records import Defaults, NetworkSettings
 from reference_server._requests import check_query, integer_query, list_query, read_json, single
 from reference_server._sandboxes import MAX_PAGE, CreateRequest
 
-from ._common import Caller, Endpoint, bool_field, metadata_filter, no_content, ranges, unix_ms_query, unix_query
+from ._common import (
+    Caller,
+    Endpoint,
+    bool_field,
+    metadata_filter,
+    no_content,
+    ranges,
+    rfc3339_query,
+    unix_ms_query,
+    unix_query,
+)
 
 __all__ = [
     "ENDPOINTS",
@@ -137,13 +148,14 @@ async def create_v2(request: Request, caller: Caller) -> Response:
 
 async def _create(request: Request, caller: Caller, *, default_timeout: int, default_secure: bool) -> Response:
     check_query(request, ())
+    key = parse_key(request.headers.get(IDEMPOTENCY_KEY_HEADER))
     body = await read_json(request, "NewSandbox")
     if body.get("mcp"):
         raise ApiError(400, MCP_UNAVAILABLE)
     network = body.get("network") or {}
     if network.get("rules"):
         raise ApiError(400, RULES_UNAVAILABLE)
-    opened = await caller.service.create(
+    opened = await caller.service.create_once(
         caller.owner,
         CreateRequest(
             template_id=body["templateID"],
@@ -163,6 +175,8 @@ async def _create(request: Request, caller: Caller, *, default_timeout: int, def
                 mask_request_host=_host_mask(network.get("maskRequestHost")),
             ),
         ),
+        key,
+        fingerprint(body),
     )
     return JSONResponse(views.sandbox(opened, caller.domain), status_code=201)
 
@@ -216,13 +230,27 @@ async def list_v1(request: Request, caller: Caller) -> Response:
     return JSONResponse([views.listed(record) for record in records])
 
 
+_ORDERS = ("asc", "desc")
+
+
 async def list_v2(request: Request, caller: Caller) -> Response:
-    check_query(request, ("metadata", "state", "limit", "nextToken"))
+    check_query(request, ("metadata", "state", "limit", "nextToken", "order", "startedAfter", "template"))
     metadata = metadata_filter(single(request.query_params.getlist("metadata"), "metadata"))
     limit = integer_query(request, "limit", default=MAX_PAGE, low=1, high=MAX_PAGE) or MAX_PAGE
     after = single(request.query_params.getlist("nextToken"), "nextToken")
+    order = single(request.query_params.getlist("order"), "order") or "desc"  # the specification's default
+    if order not in _ORDERS:
+        raise ApiError(400, f"Invalid order: {order!r} (known: asc, desc)")
+    template = single(request.query_params.getlist("template"), "template") or None
     page = await caller.service.list_page(
-        caller.owner, states=list_query(request, "state"), metadata=metadata, limit=limit, after=after
+        caller.owner,
+        states=list_query(request, "state"),
+        metadata=metadata,
+        limit=limit,
+        after=after,
+        order=order,
+        started_after=rfc3339_query(request, "startedAfter"),
+        template=template,
     )
     headers = {NEXT_TOKEN_HEADER: page.next_token} if page.next_token else {}
     return JSONResponse([views.listed(record) for record in page.records], headers=headers)

@@ -603,13 +603,34 @@ def prune_templates(cache_root: Path | None = None, *, keep: int) -> list[Path]:
     read, nothing is pruned. The ``os`` layer is kept: it rarely changes and is the slow one
     to build. An image's template (``import_image``) goes once the base whose agent it carries is gone.
     """
-    in_use = lowers_in_use(templates_dir(cache_root))
+    root = templates_dir(cache_root)
+    root.mkdir(parents=True, exist_ok=True)
+    # One pruner at a time on the host (parallel builds of one server, or several servers, all end
+    # in a prune): two that chose the same old template raced to rename it, and the loser's build
+    # failed with FileNotFoundError. A template that vanishes meanwhile is someone else's prune.
+    fd = os.open(root / ".prune.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return _prune(cache_root, root, keep)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _built_at(template: Template) -> float:
+    try:
+        return (template.path / METADATA).stat().st_mtime
+    except FileNotFoundError:  # removed since it was listed: sorts as the oldest
+        return 0.0
+
+
+def _prune(cache_root: Path | None, root: Path, keep: int) -> list[Path]:
+    in_use = lowers_in_use(root)
     if in_use is None:
         return []
     doomed_ones: list[Template] = []
     for name in TEMPLATE_NAMES[1:]:
         built = [t for t in list_templates(cache_root) if t.name == name]
-        built.sort(key=lambda t: (t.path / METADATA).stat().st_mtime, reverse=True)
+        built.sort(key=_built_at, reverse=True)
         doomed_ones.extend(built[keep:])
     # An image's template carries the agent of the base it was made with: once that base is
     # pruned, a pull of the same image makes a new one, and the old one only waits for its users.
@@ -622,7 +643,10 @@ def prune_templates(cache_root: Path | None = None, *, keep: int) -> list[Path]:
         if _in_use(template) or _named(template, in_use):
             continue
         doomed = template.path.with_name(f".{template.path.name}.prune")
-        os.replace(template.path, doomed)  # gone from the cache at once; deleted below
+        try:
+            os.replace(template.path, doomed)  # gone from the cache at once; deleted below
+        except FileNotFoundError:
+            continue
         shutil.rmtree(doomed, ignore_errors=True)
         removed.append(template.path)
     return removed

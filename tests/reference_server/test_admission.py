@@ -159,6 +159,27 @@ async def test_the_create_rate_is_a_token_bucket(plane: Plane) -> None:
     rate_limited(await create(plane))
 
 
+async def test_refusals_tell_the_retrying_clients_whether_to_retry(plane: Plane) -> None:
+    """Python clients from 2.61 retry a 429 unless told not to, after ``Retry-After`` when it is given."""
+    clock = Ticks()
+    limit(plane, clock, owner_create_rate=0.1, owner_create_burst=1, owner_max_running=2)
+    assert (await create(plane)).status_code == 201
+    rated = await create(plane)
+    rate_limited(rated, "rate limit")
+    assert rated.headers["Should-Retry"] == "true"
+    assert rated.headers["Retry-After"] == "10", "one token comes back every 10 s"
+    clock.now += 7.5
+    rated = await create(plane)
+    assert rated.headers["Retry-After"] == "3", "2.5 s are left, rounded up"
+    clock.now += 2.5
+    assert (await create(plane)).status_code == 201
+    clock.now += 10
+    full = await create(plane)
+    rate_limited(full, "Concurrent sandbox limit")
+    assert full.headers["Should-Retry"] == "false", "only a kill or pause makes room: no retry loop"
+    assert "Retry-After" not in full.headers
+
+
 async def test_bad_input_takes_no_token(plane: Plane) -> None:
     limit(plane, owner_create_burst=1, owner_create_rate=0.001)
     bad = await plane.client.post("/sandboxes", json={"templateID": "base", "timeout": -1}, headers=A)

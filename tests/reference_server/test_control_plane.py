@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import urllib.parse
+from datetime import timedelta, timezone
 from typing import Any
 
 import anyio
@@ -78,11 +79,51 @@ async def test_get_list_and_the_detail_schema(plane: Plane) -> None:
     conforms("ListedSandbox", v1.json(), array=True)
 
 
+async def listed_ids(plane: Plane, limit: int = 1, **params: str) -> list[str]:
+    """Every page of a v2 list, ``limit`` at a time."""
+    seen: list[str] = []
+    token = None
+    while True:
+        query = {**params, "limit": str(limit), **({"nextToken": token} if token else {})}
+        page = await plane.client.get("/v2/sandboxes", params=query, headers=A)
+        assert page.status_code == 200, page.text
+        seen += [item["sandboxID"] for item in page.json()]
+        token = page.headers.get("x-next-token")
+        if not token:
+            return seen
+
+
+async def test_list_order_started_after_and_template(plane: Plane) -> None:
+    """The newer clients' list parameters (``Sandbox.list(order=..., query=SandboxQuery(...))``)."""
+    ids, times = [], []
+    for _ in range(4):
+        times.append(plane.clock.now)
+        ids.append((await plane.create())["sandboxID"])
+        plane.clock.advance(1)
+    assert await listed_ids(plane, order="asc") == ids
+    assert await listed_ids(plane, order="desc") == ids[::-1]
+    assert await listed_ids(plane, limit=3) == ids[::-1]
+    assert await listed_ids(plane) == await listed_ids(plane, limit=100)
+    third = times[2]
+    assert await listed_ids(plane, order="asc", startedAfter=third.isoformat()) == ids[2:], "at or after"
+    in_paris = third.astimezone(timezone(timedelta(hours=1))).isoformat()
+    assert await listed_ids(plane, order="asc", startedAfter=in_paris) == ids[2:], "any offset names the instant"
+    as_js = third.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    assert await listed_ids(plane, startedAfter=as_js) == ids[:1:-1]
+    assert await listed_ids(plane, order="asc", template="base") == ids
+    assert await listed_ids(plane, template="no-such-template") == []
+    first = await plane.client.get("/v2/sandboxes", params={"order": "asc", "limit": 1}, headers=A)
+    other_order = {"order": "desc", "nextToken": first.headers["x-next-token"]}
+    refused(await plane.client.get("/v2/sandboxes", params=other_order, headers=A), 400)
+    for bad in ({"order": "newest"}, {"startedAfter": "yesterday"}, {"startedAfter": "2026-11-30T12:00:00"}):
+        refused(await plane.client.get("/v2/sandboxes", params=bad, headers=A), 400)
+
+
 async def test_metadata_and_state_filters_and_pagination(plane: Plane) -> None:
     ids = []
     for n in range(5):
         ids.append((await plane.create(metadata={"team": "alpha beta", "n": str(n)}))["sandboxID"])
-        plane.clock.advance(1)  # pages are in creation order
+        plane.clock.advance(1)  # pages are in creation order, newest first unless asked otherwise
     await plane.create(metadata={"team": "other"})
     # What the Python client sends: urlencode of quoted keys and values, then encoded again by httpx.
     quoted = urllib.parse.urlencode({urllib.parse.quote("team"): urllib.parse.quote("alpha beta")})
@@ -100,7 +141,7 @@ async def test_metadata_and_state_filters_and_pagination(plane: Plane) -> None:
         token = page.headers.get("x-next-token")
         if not token:
             break
-    assert seen == ids
+    assert seen == ids[::-1], "the specification's default order is newest first"
     assert pages == 3
     await plane.client.post(f"/sandboxes/{ids[0]}/pause", headers=A)
     paused = await plane.client.get("/v2/sandboxes", params={"state": "paused"}, headers=A)

@@ -708,6 +708,7 @@ const scenarios = {
         whoami,
         secure_without_token: await raw(sbx),
         public_without_token: await raw(open),
+        client_version: require('e2b/package.json').version, // from 2.51 it ignores secure: false
         rpc_without_token: rpcWithoutToken,
         rpc_with_token: rpcWithToken,
       }

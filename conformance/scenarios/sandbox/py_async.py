@@ -10,6 +10,7 @@ scenario names and result keys are the same as in ``py_sync.py``.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import math
 import os
@@ -709,6 +710,7 @@ async def _users_and_tokens(work: str) -> dict[str, Any]:
             "whoami": whoami,
             "secure_without_token": await raw(sbx),
             "public_without_token": await raw(public),
+            "client_version": importlib.metadata.version("e2b"),  # from 2.51 it ignores secure=False
             "rpc_without_token": rpc_without_token,
             "rpc_with_token": rpc_with_token,
         }

@@ -8,6 +8,7 @@ scenario makes its own sandboxes, kills them in ``finally`` and prints one JSON 
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
@@ -672,6 +673,7 @@ def _users_and_tokens(work: str) -> dict[str, Any]:
             "whoami": whoami,
             "secure_without_token": raw(sbx),
             "public_without_token": raw(public),
+            "client_version": importlib.metadata.version("e2b"),  # from 2.51 it ignores secure=False
             "rpc_without_token": rpc_without_token,
             "rpc_with_token": rpc_with_token,
         }

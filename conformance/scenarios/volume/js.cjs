@@ -41,7 +41,12 @@ async function refusal(call) {
   try {
     return { error: null, answer: shown(await call()) }
   } catch (err) {
-    return { error: err.constructor.name, message: String(err.message) }
+    // Its classes too: newer clients throw subclasses (VolumeNotFoundError is a NotFoundError).
+    const kinds = []
+    for (let proto = Object.getPrototypeOf(err); proto && proto !== Object.prototype; proto = Object.getPrototypeOf(proto)) {
+      kinds.push(proto.constructor.name)
+    }
+    return { error: err.constructor.name, kinds, message: String(err.message) }
   }
 }
 

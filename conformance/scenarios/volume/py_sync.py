@@ -52,7 +52,9 @@ def refusal(call: Callable[[], object]) -> dict[str, Any]:
     try:
         answer = call()
     except Exception as exc:  # noqa: BLE001 -- the refusal is the result
-        return {"error": type(exc).__name__, "message": str(exc)}
+        # Its classes too: newer clients raise subclasses (VolumeNotFoundException is a NotFoundException).
+        kinds = [kind.__name__ for kind in type(exc).__mro__]
+        return {"error": type(exc).__name__, "kinds": kinds, "message": str(exc)}
     return {"error": None, "answer": repr(answer)}
 
 

@@ -482,6 +482,28 @@ def test_prune_keeps_the_newest_base_templates(tmp_path: Path) -> None:
     ]
 
 
+def test_parallel_prunes_remove_each_old_template_once(tmp_path: Path) -> None:
+    """Parallel builds all end in a prune: the ones that pick the same old template must not fail."""
+    import json as _json
+    import os as _os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from runtime.templates import list_templates, prune_templates
+
+    root = tmp_path / "templates"
+    for index in range(24):
+        folder = root / f"base-{index:016x}"
+        (folder / "rootfs").mkdir(parents=True)
+        meta = folder / "template.json"
+        meta.write_text(_json.dumps({"name": "base", "key": f"{index:064x}", "agent_command": ["x"]}))
+        _os.utime(meta, (1_000_000 + index, 1_000_000 + index))
+    with ThreadPoolExecutor(8) as pool:
+        removed = list(pool.map(lambda _: prune_templates(tmp_path, keep=2), range(8)))  # raises what one raised
+    names = sorted(path.name for paths in removed for path in paths)
+    assert names == [f"base-{index:016x}" for index in range(22)], "each old one removed, by exactly one pruner"
+    assert [t.path.name for t in list_templates(tmp_path)] == [f"base-{index:016x}" for index in (22, 23)]
+
+
 def test_prune_removes_image_templates_whose_agent_base_is_gone(tmp_path: Path) -> None:
     from runtime.templates import list_templates, prune_templates
 
