@@ -132,7 +132,7 @@ def conformance(session: nox.Session) -> None:
     sandboxes) and tests it with the pinned clients; ``-- --backend gvisor`` on another backend of
     the table, ``-- --backend all`` on each in turn (one signed report each, and a signed matrix).
     Everything after ``--`` goes to ``e2b-compat conformance run`` (``--help`` lists the options:
-    another endpoint, other client versions for an SDK sweep, a case filter).
+    another endpoint, other client versions, ``--sweep`` for every committed lock, a case filter).
     """
     session.install("-e", ".[conformance]")
     if os.geteuid() == 0 and not any(arg.startswith("--endpoint") for arg in session.posargs):

@@ -12,7 +12,7 @@ from contract.lazy import lazy_getattr as _lazy_getattr
 
 if _TYPE_CHECKING:
     from ._cases import CASES, Case
-    from ._clients import ensure_node_clients, ensure_python_clients
+    from ._clients import available_node_versions, available_python_versions, ensure_node_clients, ensure_python_clients
     from ._endpoint import EndpointError, ExternalEndpoint, ManagedServer
     from ._matrix import MatrixError, load_report, write_matrix
     from ._model import CaseResult, ClientInfo, Outcome, RunInfo, Target
@@ -24,6 +24,8 @@ if _TYPE_CHECKING:
 _LAZY = {
     "CASES": "_cases",
     "Case": "_cases",
+    "available_node_versions": "_clients",
+    "available_python_versions": "_clients",
     "ensure_node_clients": "_clients",
     "ensure_python_clients": "_clients",
     "EndpointError": "_endpoint",
@@ -68,6 +70,8 @@ __all__ = [
     "RunOptions",
     "SigningKeyError",
     "Target",
+    "available_node_versions",
+    "available_python_versions",
     "endpoint_from_environment",
     "ensure_node_clients",
     "ensure_python_clients",

@@ -122,6 +122,9 @@ class Case:
     # Request fields (contract.load_fields ids) whose effect the check shows: not merely sent, but
     # observed through the client (a value read back, a behaviour that differs without it).
     fields: tuple[str, ...] = ()
+    # The first e2b version (Python and npm alike) whose API the scenario calls: older clients have
+    # no way to make its requests, so the case is skipped for them, with that reason.
+    since: str = ""
 
 
 def on(operation: str, *keys: str) -> tuple[str, ...]:
@@ -149,11 +152,23 @@ def _sandbox(
     second_owner: bool = False,
     registry: bool = False,
     fields: tuple[str, ...] = (),
+    since: str = "",
 ) -> Case:
     area, _, what = scenario.partition("/")
     name = f"{area}/lifecycle/{what}"
     operations = (*LIFE, *operations)
-    return Case(name, "sandbox", scenario, flavours, operations, check, second_owner, fields=fields, registry=registry)
+    return Case(
+        name,
+        "sandbox",
+        scenario,
+        flavours,
+        operations,
+        check,
+        second_owner,
+        fields=fields,
+        registry=registry,
+        since=since,
+    )
 
 
 def _volume(
@@ -439,6 +454,20 @@ CASES: tuple[Case, ...] = (
         ("control.sandboxes.list", "control.sandboxes.pause"),
         sandbox_checks.sandbox_list,
         fields=on("control.sandboxes.list", "query.limit", "query.nextToken", "query.metadata", "query.state"),
+    ),
+    _sandbox(
+        "sandbox/list-order",
+        ALL,
+        ("control.sandboxes.list", "control.sandboxes.get"),
+        sandbox_checks.sandbox_list_order,
+        since="2.45.0",
+    ),
+    _sandbox(
+        "sandbox/idempotent-create",
+        ("py-sync", "py-async"),
+        ("control.sandboxes.list",),
+        sandbox_checks.sandbox_idempotent_create,
+        since="2.61.0",
     ),
     _sandbox(
         "sandbox/timeout",

@@ -382,3 +382,24 @@ def sandbox_template_image(r: dict[str, Any], work: str) -> None:
         f"a wrong registry password failed the build with {denied!r}, which does not say it was refused"
     )
     assert r["password_shown"] is False, "the build error shows the registry password"
+
+
+def sandbox_list_order(r: dict[str, Any], work: str) -> None:
+    made = r["made"]  # created one after another: their start times are in this order
+    assert r["asc"] == made, f"Sandbox.list(order='asc') listed {r['asc']}, not the sandboxes as started {made}"
+    assert r["desc"] == made[::-1], f"Sandbox.list(order='desc') listed {r['desc']}, not {made[::-1]}"
+    assert r["default"] == made[::-1], f"Sandbox.list() listed {r['default']}: the specification's default is desc"
+    assert r["started_after"] == made[1:], (
+        f"started_after = the second sandbox's startedAt listed {r['started_after']}, not {made[1:]} (at or after)"
+    )
+    assert r["template"] == made, f"query template='base' listed {r['template']}, not {made}"
+    assert r["other_template"] == [], f"a template nothing was made from listed {r['other_template']}"
+
+
+def sandbox_idempotent_create(r: dict[str, Any], work: str) -> None:
+    assert r["same"] is True, "a create repeated with its Idempotency-Key made another sandbox"
+    assert r["runs"] == "ok\n", f"the repeated create's sandbox ran {r['runs']!r}"
+    assert r["listed"] is True, "the list shows more than the one sandbox the key made"
+    # Another body with the same key: refused (our 422) or the first sandbox again, never a second one.
+    other = r["other_body"]
+    assert other["raised"] is not None or other["same"] is True, "the key with another body made a second sandbox"

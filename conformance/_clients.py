@@ -51,6 +51,7 @@ __all__ = [
     "ensure_python_clients",
     "verify_node_clients",
     "verify_python_clients",
+    "version_order",
 ]
 
 CLIENTS_DIR = Path(__file__).resolve().parent / "clients"
@@ -138,15 +139,15 @@ def _key(*parts: bytes) -> str:
     return hashlib.sha256(b"".join(parts)).hexdigest()[:16]
 
 
-def _version_order(version: str) -> tuple[tuple[int, int | str], ...]:
-    # Numeric where numeric, so 2.9.0 sorts before 2.10.0.
+def version_order(version: str) -> tuple[tuple[int, int | str], ...]:
+    """A sort key for version texts: numeric where numeric, so 2.9.0 sorts before 2.10.0."""
     return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"[.+-]", version))
 
 
 def available_python_versions() -> list[str]:
     """The ``e2b`` versions that have a committed Python lock file, oldest first."""
     found = [m[1] for m in (_PYTHON_LOCK.fullmatch(p.name) for p in CLIENTS_DIR.iterdir() if p.is_file()) if m]
-    return sorted(found, key=_version_order)
+    return sorted(found, key=version_order)
 
 
 def available_node_versions() -> list[str]:
@@ -156,7 +157,7 @@ def available_node_versions() -> list[str]:
         for m in (_NODE_LOCK.fullmatch(p.name) for p in CLIENTS_DIR.iterdir())
         if m and all((CLIENTS_DIR / m[0] / name).is_file() for name in NODE_MANIFESTS)
     ]
-    return sorted(found, key=_version_order)
+    return sorted(found, key=version_order)
 
 
 def _python_lock(version: str | None) -> Path:

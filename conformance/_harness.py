@@ -25,7 +25,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ._cases import FAMILY_TEMPLATES, Case, cases
-from ._clients import NodeClients, PythonClients, ensure_node_clients, ensure_python_clients
+from ._clients import NodeClients, PythonClients, ensure_node_clients, ensure_python_clients, version_order
 from ._endpoint import Endpoint
 from ._model import CaseResult, ClientInfo, Outcome, RunInfo, Target
 from ._registry import RegistryOffer
@@ -132,6 +132,9 @@ def _outcome(plan: RunPlan, clients: ClientSet, case: Case, flavour: str, runs: 
     info = clients.info(flavour, case.family)
     if clients.python is None or clients.node is None:
         return CaseResult(case.name, info, Outcome.SKIP, 0.0, case.operations, reason="client not installed")
+    if case.since and version_order(info.version) < version_order(case.since):
+        reason = f"{info.package} {info.version} predates the API this case calls (from {case.since})"
+        return CaseResult(case.name, info, Outcome.SKIP, 0.0, case.operations, reason=reason)
     extra = {}
     if case.second_owner:
         if plan.endpoint.second_api_key is None:

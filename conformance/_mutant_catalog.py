@@ -100,9 +100,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "server/list/metadata-filter-ignored",
         CONTROL,
-        '    check_query(request, ("metadata", "state", "limit", "nextToken"))\n'
+        '    check_query(request, ("metadata", "state", "limit", "nextToken", "order", "startedAfter", "template"))\n'
         '    metadata = metadata_filter(single(request.query_params.getlist("metadata"), "metadata"))',
-        '    check_query(request, ("metadata", "state", "limit", "nextToken"))\n    metadata: dict[str, str] = {}',
+        '    check_query(request, ("metadata", "state", "limit", "nextToken", "order", "startedAfter", "template"))\n'
+        "    metadata: dict[str, str] = {}",
         "GET /v2/sandboxes ignores the metadata filter",
         (LISTING,),
     ),

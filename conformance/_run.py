@@ -54,6 +54,7 @@ from ._registry import RegistryOffer, offered_image, registry_problem
 from ._report import ReportFiles, write_report
 from ._schema_suite import control_plane_url, operation_ids, run_schemathesis
 from ._signing import load_or_create_signing_key
+from ._versions import write_versions
 from ._wire import run_wire_cases
 
 __all__ = ["ALL_BACKENDS", "RunOptions", "main_run", "managed_backends"]
@@ -376,6 +377,8 @@ def _run_one(
         signing_key=load_or_create_signing_key(options.signing_key),
         reports_root=options.reports_root,
     )
+    if len(client_sets) > 1:  # an SDK sweep: the same results arranged by client version
+        console.print(f"versions: {write_versions(files.directory, run)}")
     _summary(console, run, gate.passed, files)
     failed = failed_cases(run)
     if failed and gate.passed:

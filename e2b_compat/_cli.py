@@ -278,7 +278,13 @@ def _conformance_verify(args: argparse.Namespace) -> int:
 
 
 def _conformance_run(args: argparse.Namespace) -> int:
-    from conformance import RunOptions, endpoint_from_environment, main_run  # noqa: PLC0415
+    from conformance import (  # noqa: PLC0415
+        RunOptions,
+        available_node_versions,
+        available_python_versions,
+        endpoint_from_environment,
+        main_run,
+    )
 
     endpoint_env = None
     if args.endpoint_domain is not None:
@@ -299,8 +305,8 @@ def _conformance_run(args: argparse.Namespace) -> int:
     options = RunOptions(
         endpoint_env=endpoint_env,
         second_api_key=args.second_api_key,
-        python_versions=tuple(args.python_version or ()),
-        node_versions=tuple(args.node_version or ()),
+        python_versions=tuple(available_python_versions() if args.sweep else args.python_version or ()),
+        node_versions=tuple(available_node_versions() if args.sweep else args.node_version or ()),
         match=args.match,
         output=args.output,
         reports_root=args.reports,
@@ -452,6 +458,11 @@ def _add_conformance_group(groups: argparse._SubParsersAction[argparse.ArgumentP
     sweep = run.add_argument_group("SDK-version sweep")
     sweep.add_argument("--python-version", action="append", metavar="VERSION", help="a Python e2b version (repeatable)")
     sweep.add_argument("--node-version", action="append", metavar="VERSION", help="an npm e2b version (repeatable)")
+    sweep.add_argument(
+        "--sweep",
+        action="store_true",
+        help="every committed client lock (conformance/clients), paired in order; also writes versions.md",
+    )
     run.add_argument("--match", default="", help="only cases whose name contains this")
     run.add_argument(
         "--jobs", type=int, default=2, choices=range(1, 9), metavar="N", help="cases run side by side (1-8; default 2)"

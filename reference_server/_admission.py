@@ -28,8 +28,8 @@ and published to the host's ledger, but a tenant's admission never counts it: th
 memory nobody else needs, and gives its sandboxes back while the budget is over (``over_budget``).
 A claimed warm sandbox is counted once, as the create that claimed it.
 
-Python clients from e2b 2.61 on retry a 429 by themselves (three times by default) unless the
-answer says ``Should-Retry: false``, and wait the answer's ``Retry-After`` seconds if it has one.
+Python clients retry a 429 by themselves (three times by default): from e2b 2.50 one that has a
+``Retry-After``, waiting that long; from 2.60 any 429 unless the answer says ``Should-Retry: false``.
 So the rate limit's 429 says when its next token is there (``Retry-After``, ``Should-Retry:
 true``), and the other limits say ``Should-Retry: false``: only a kill or a pause makes room, so
 a retry within seconds would only delay the refusal the caller has to act on.

@@ -1,7 +1,7 @@
 """Idempotent creates: a create sent again with the same ``Idempotency-Key`` makes no second sandbox.
 
-Python clients from e2b 2.61 on retry a control-plane request that was answered 429, 502, 503 or
-504 (unless the answer says ``Should-Retry: false``), and a caller may name a create with an
+Python clients from e2b 2.60 on retry a control-plane request that was answered 429, 502, 503 or
+504 (unless the answer says ``Should-Retry: false``); from 2.61 a caller may name a create with an
 ``Idempotency-Key`` header (1-255 characters of ``[a-z0-9-]``, checked by the client too) so that
 a create whose answer was lost can be sent again safely (docs/PROTOCOL-NOTES.md, "Retries").
 

@@ -98,7 +98,7 @@ def test_package_lock_pins_the_locked_tarballs() -> None:
 def test_lock_files_are_listed_by_version() -> None:
     assert {"2.32.0", "2.63.0"} <= set(PYTHON_VERSIONS), "the pin and the sweep's newest"
     assert {"2.33.0", "2.51.0"} <= set(NODE_VERSIONS)
-    assert sorted(["2.10.0", "2.9.1", "2.50.0"], key=_clients._version_order) == ["2.9.1", "2.10.0", "2.50.0"]
+    assert sorted(["2.10.0", "2.9.1", "2.50.0"], key=_clients.version_order) == ["2.9.1", "2.10.0", "2.50.0"]
     # Nothing in clients/ is a lock that the listing would silently skip.
     listed = {f"python-{v}.requirements.txt" for v in PYTHON_VERSIONS} | {f"node-{v}" for v in NODE_VERSIONS}
     assert {p.name for p in _clients.CLIENTS_DIR.iterdir()} == listed

@@ -160,7 +160,7 @@ async def test_the_create_rate_is_a_token_bucket(plane: Plane) -> None:
 
 
 async def test_refusals_tell_the_retrying_clients_whether_to_retry(plane: Plane) -> None:
-    """Python clients from 2.61 retry a 429 unless told not to, after ``Retry-After`` when it is given."""
+    """Python clients from 2.60 retry a 429 unless told not to, after ``Retry-After`` when it is given."""
     clock = Ticks()
     limit(plane, clock, owner_create_rate=0.1, owner_create_burst=1, owner_max_running=2)
     assert (await create(plane)).status_code == 201

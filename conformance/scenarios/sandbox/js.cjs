@@ -196,6 +196,35 @@ const scenarios = {
     }
   },
 
+  // The list's order, startedAfter and template (clients from 2.50), each walked a page of one at a time.
+  'sandbox/list-order': async () => {
+    const suite = crypto.randomUUID().replace(/-/g, '').slice(0, 12)
+    const made = []
+    try {
+      for (let i = 0; i < 3; i++) {
+        made.push(await Sandbox.create({ metadata: { suite, i: String(i) }, timeoutMs: 120000 }))
+      }
+      const walk = async (order, query = {}) => {
+        const paginator = Sandbox.list({ query: { metadata: { suite }, ...query }, limit: 1, ...(order ? { order } : {}) })
+        const seen = []
+        while (paginator.hasNext) seen.push(...(await paginator.nextItems()).map((item) => item.sandboxId))
+        return seen
+      }
+      const secondStart = (await made[1].getInfo()).startedAt
+      return {
+        made: made.map((s) => s.sandboxId),
+        asc: await walk('asc'),
+        desc: await walk('desc'),
+        default: await walk(),
+        started_after: await walk('asc', { startedAfter: new Date(secondStart) }),
+        template: await walk('asc', { template: 'base' }),
+        other_template: await walk(undefined, { template: 'no-such-template-e2b' }),
+      }
+    } finally {
+      for (const sbx of made) await sbx.kill()
+    }
+  },
+
   'sandbox/list-filter-paginate': async () => {
     const suite = crypto.randomUUID().replace(/-/g, '').slice(0, 12)
     const made = []

@@ -155,6 +155,69 @@ async def _list(work: str) -> dict[str, Any]:
             await sbx.kill()
 
 
+@scenario("sandbox/list-order")
+async def _list_order(work: str) -> dict[str, Any]:
+    """The list's order, startedAfter and template (clients from 2.50), each walked a page of one at a time."""
+    suite = uuid.uuid4().hex[:12]
+    made: list[AsyncSandbox] = []
+    try:
+        for i in range(3):
+            made.append(await AsyncSandbox.create(metadata={"suite": suite, "i": str(i)}, timeout=120))
+
+        async def walk(order: str | None = None, **query: Any) -> list[str]:
+            asked = SandboxQuery(metadata={"suite": suite}, **query)
+            paginator = AsyncSandbox.list(query=asked, limit=1, **({"order": order} if order else {}))
+            seen: list[str] = []
+            while paginator.has_next:
+                seen += [item.sandbox_id for item in await paginator.next_items()]
+            return seen
+
+        return {
+            "made": [s.sandbox_id for s in made],
+            "asc": await walk("asc"),
+            "desc": await walk("desc"),
+            "default": await walk(),
+            "started_after": await walk("asc", started_after=(await made[1].get_info()).started_at),
+            "template": await walk("asc", template="base"),
+            "other_template": await walk(template="no-such-template-e2b"),
+        }
+    finally:
+        for sbx in made:
+            await sbx.kill()
+
+
+@scenario("sandbox/idempotent-create")
+async def _idempotent_create(work: str) -> dict[str, Any]:
+    """A create repeated with one Idempotency-Key (clients from 2.61) is one sandbox."""
+    suite = uuid.uuid4().hex[:12]
+    key = f"conformance-{suite}"
+    first = await AsyncSandbox.create(timeout=120, metadata={"suite": suite}, idempotency_key=key)
+    made = [first]
+    try:
+        # The repeats at once, side by side: a retry may arrive while the first still creates.
+        again, twice = await asyncio.gather(
+            AsyncSandbox.create(timeout=120, metadata={"suite": suite}, idempotency_key=key),
+            AsyncSandbox.create(timeout=120, metadata={"suite": suite}, idempotency_key=key),
+        )
+        made += [again, twice]
+        try:
+            other = await AsyncSandbox.create(timeout=120, metadata={"suite": f"{suite}-other"}, idempotency_key=key)
+            made.append(other)
+            other_body = {"raised": None, "same": other.sandbox_id == first.sandbox_id}
+        except Exception as exc:  # noqa: BLE001 -- the refusal is the result
+            other_body = {"raised": type(exc).__name__, "message": str(exc)}
+        listed = await AsyncSandbox.list(query=SandboxQuery(metadata={"suite": suite})).next_items()
+        return {
+            "same": again.sandbox_id == twice.sandbox_id == first.sandbox_id,
+            "runs": (await again.commands.run("echo ok")).stdout,
+            "listed": [s.sandbox_id for s in listed] == [first.sandbox_id],
+            "other_body": other_body,
+        }
+    finally:
+        for sbx in {s.sandbox_id: s for s in made}.values():
+            await sbx.kill()
+
+
 @scenario("sandbox/timeout")
 async def _timeout(work: str) -> dict[str, Any]:
     sbx = await AsyncSandbox.create(timeout=120)

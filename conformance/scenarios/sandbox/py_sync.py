@@ -146,6 +146,65 @@ def _list(work: str) -> dict[str, Any]:
             decoy.kill()
 
 
+@scenario("sandbox/list-order")
+def _list_order(work: str) -> dict[str, Any]:
+    """The list's order, startedAfter and template (clients from 2.50), each walked a page of one at a time."""
+    suite = uuid.uuid4().hex[:12]
+    made: list[Sandbox] = []
+    try:
+        for i in range(3):
+            made.append(Sandbox.create(metadata={"suite": suite, "i": str(i)}, timeout=120))
+
+        def walk(order: str | None = None, **query: Any) -> list[str]:
+            asked = SandboxQuery(metadata={"suite": suite}, **query)
+            paginator = Sandbox.list(query=asked, limit=1, **({"order": order} if order else {}))
+            seen: list[str] = []
+            while paginator.has_next:
+                seen += [item.sandbox_id for item in paginator.next_items()]
+            return seen
+
+        return {
+            "made": [s.sandbox_id for s in made],
+            "asc": walk("asc"),
+            "desc": walk("desc"),
+            "default": walk(),
+            "started_after": walk("asc", started_after=made[1].get_info().started_at),
+            "template": walk("asc", template="base"),
+            "other_template": walk(template="no-such-template-e2b"),
+        }
+    finally:
+        for sbx in made:
+            sbx.kill()
+
+
+@scenario("sandbox/idempotent-create")
+def _idempotent_create(work: str) -> dict[str, Any]:
+    """A create repeated with one Idempotency-Key (clients from 2.61) is one sandbox."""
+    suite = uuid.uuid4().hex[:12]
+    key = f"conformance-{suite}"
+    first = Sandbox.create(timeout=120, metadata={"suite": suite}, idempotency_key=key)
+    made = [first]
+    try:
+        again = Sandbox.create(timeout=120, metadata={"suite": suite}, idempotency_key=key)
+        made.append(again)
+        try:
+            other = Sandbox.create(timeout=120, metadata={"suite": f"{suite}-other"}, idempotency_key=key)
+            made.append(other)
+            other_body = {"raised": None, "same": other.sandbox_id == first.sandbox_id}
+        except Exception as exc:  # noqa: BLE001 -- the refusal is the result
+            other_body = {"raised": type(exc).__name__, "message": str(exc)}
+        listed = Sandbox.list(query=SandboxQuery(metadata={"suite": suite})).next_items()
+        return {
+            "same": again.sandbox_id == first.sandbox_id,
+            "runs": again.commands.run("echo ok").stdout,
+            "listed": [s.sandbox_id for s in listed] == [first.sandbox_id],
+            "other_body": other_body,
+        }
+    finally:
+        for sbx in {s.sandbox_id: s for s in made}.values():
+            sbx.kill()
+
+
 @scenario("sandbox/timeout")
 def _timeout(work: str) -> dict[str, Any]:
     sbx = Sandbox.create(timeout=120)

@@ -1,4 +1,4 @@
-"""Retries and idempotent creates as the newest Python client makes them (e2b from 2.61 retries by itself).
+"""Retries and idempotent creates as the newest Python client makes them (it retries by itself).
 
 A server of its own whose create rate (through its documented variables) is one token every two
 seconds: the newest committed Python client's second create is answered 429 with ``Retry-After:
