@@ -777,10 +777,10 @@ class SandboxService:
             return snapshot
 
     async def list_snapshots(
-        self, owner: str, *, sandbox_id: str | None, limit: int, after: str | None
+        self, owner: str, *, sandbox_id: str | None, limit: int, after: str | None, name: str | None = None
     ) -> SnapshotPage:
         try:
-            return await self.snapshots.list(owner, sandbox_id=sandbox_id, limit=limit, after=after)
+            return await self.snapshots.list(owner, sandbox_id=sandbox_id, name=name, limit=limit, after=after)
         except InvalidCursor:
             raise ApiError(400, text.INVALID_CURSOR) from None
 

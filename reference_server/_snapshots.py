@@ -43,10 +43,14 @@ _INSERT = (
     "INSERT INTO snapshots (snapshot_id, owner, sandbox_id, template_id, names, created_at) VALUES (?, ?, ?, ?, ?, ?)"
 )
 _LIST = (
-    _SELECT
+    _SELECT  # noqa: S608 - constant text only
     + """
 WHERE owner = :owner
   AND (:sandbox_id IS NULL OR sandbox_id = :sandbox_id)
+  AND (:name IS NULL OR snapshot_id = :name OR EXISTS (
+      SELECT 1 FROM json_each(snapshots.names) AS named
+      WHERE named.value = :name
+         OR (instr(:name, ':') = 0 AND substr(named.value, 1, instr(named.value || ':', ':') - 1) = :name)))
   AND (created_at, snapshot_id) > (:after_created_at, :after_snapshot_id)
 ORDER BY created_at, snapshot_id
 LIMIT :limit
@@ -99,8 +103,15 @@ class SnapshotStore:
         return {str(row[0]) for row in await self._db.execute_fetchall("SELECT snapshot_id FROM snapshots")}
 
     async def list(
-        self, owner: str, *, sandbox_id: str | None = None, limit: int = 100, after: str | None = None
+        self,
+        owner: str,
+        *,
+        sandbox_id: str | None = None,
+        name: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
     ) -> SnapshotPage:
+        """One page of ``owner``'s snapshots; ``name``: its id, one of its names, or a name without its ``:tag``."""
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         after_key = decode_page_key(after) if after is not None else ("", "")
@@ -109,6 +120,7 @@ class SnapshotStore:
             {
                 "owner": owner,
                 "sandbox_id": sandbox_id,
+                "name": name,
                 "after_created_at": after_key[0],
                 "after_snapshot_id": after_key[1],
                 "limit": limit + 1,

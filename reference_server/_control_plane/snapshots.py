@@ -37,11 +37,12 @@ async def snapshot(request: Request, caller: Caller) -> Response:
 
 
 async def list_snapshots(request: Request, caller: Caller) -> Response:
-    check_query(request, ("sandboxID", "limit", "nextToken"))
+    check_query(request, ("sandboxID", "limit", "nextToken", "name"))
     limit = integer_query(request, "limit", default=MAX_PAGE, low=1, high=MAX_PAGE) or MAX_PAGE
     sandbox_id = single(request.query_params.getlist("sandboxID"), "sandboxID")
     after = single(request.query_params.getlist("nextToken"), "nextToken")
-    page = await caller.service.list_snapshots(caller.owner, sandbox_id=sandbox_id, limit=limit, after=after)
+    name = single(request.query_params.getlist("name"), "name") or None  # newer clients: an id or a name
+    page = await caller.service.list_snapshots(caller.owner, sandbox_id=sandbox_id, limit=limit, after=after, name=name)
     headers = {NEXT_TOKEN_HEADER: page.next_token} if page.next_token else {}
     return JSONResponse([views.snapshot(record) for record in page.records], headers=headers)
 

@@ -300,6 +300,20 @@ async def test_snapshots(plane: Plane) -> None:
     assert [item["snapshotID"] for item in rest.json()] == [second]
     assert "x-next-token" not in rest.headers
     assert (await plane.client.get("/snapshots", headers=B)).json() == []
+    # The newer clients' name filter: an id, a name, or a name without its tag.
+    tagged = (await plane.client.post(f"/sandboxes/{other}/snapshots", json={"name": "app:v2"}, headers=A)).json()
+
+    async def named(name: str, key: dict[str, str] = A) -> list[str]:
+        answer = await plane.client.get("/snapshots", params={"name": name}, headers=key)
+        assert answer.status_code == 200, answer.text
+        return [item["snapshotID"] for item in answer.json()]
+
+    assert await named("mine") == [snapshot_id]
+    assert await named(second) == [second], "an id names its snapshot"
+    assert await named("app") == await named("app:v2") == [tagged["snapshotID"]], "a name without its tag"
+    assert await named("app:v1") == []
+    assert await named("mi") == [], "not a prefix"
+    assert await named("mine", B) == [], "another owner's names are not found"
     # A snapshot works as a template, for its owner only.
     restored = await plane.create(templateID=snapshot_id)
     assert plane.backend.read(restored["sandboxID"], "/home/user/a.txt") == b"kept"
