@@ -465,6 +465,11 @@ def _unreachable(exc: httpx.TransportError, port: int) -> str:
             reason = "could not connect"
     else:
         reason = "the connection closed without an answer"
+    if reason == "connection refused":
+        # Python e2b from 2.53.1 reads "port is not open" as "running, but that port has nothing
+        # listening" (SandboxUnreachableException with that explanation); "was not found" would
+        # say the sandbox is gone, which only the edge can know.
+        return f"The sandbox is running but the port is not open: nothing listens on port {port}"
     return f"The sandbox is not reachable on port {port}: {reason}"
 
 

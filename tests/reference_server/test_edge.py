@@ -126,6 +126,28 @@ async def test_traffic_tokens_guard_user_ports_and_are_not_forwarded(
     assert (await edge.get(sandbox_url(upstream.port, public))).status_code == 200
 
 
+@pytest.mark.parametrize("routing", ["host", "headers"])
+async def test_header_routing_has_the_host_routings_token_rules(
+    edge: httpx.AsyncClient, plane: Plane, upstream: ServerThread, routing: str
+) -> None:
+    """Newer interpreter clients reach port 49999 through the shared host with routing headers."""
+    created: dict[str, Any] = await plane.create(network={"allowPublicTraffic": False})
+    sandbox_id, traffic = created["sandboxID"], created["trafficAccessToken"]
+
+    async def get(token: str | None) -> httpx.Response:
+        extra = {} if token is None else {"E2B-Traffic-Access-Token": token}
+        if routing == "host":
+            return await edge.get(sandbox_url(upstream.port, sandbox_id), headers=extra)
+        routed = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": str(upstream.port), **extra}
+        return await edge.get(f"https://sandbox.{DOMAIN}/x", headers=routed)
+
+    refused(await get(None), 403)
+    refused(await get(created["envdAccessToken"]), 403)
+    passed = await get(traffic)
+    assert passed.status_code == 200
+    assert "e2b-traffic-access-token" not in passed.json()["headers"]
+
+
 async def test_a_host_mask_is_what_servers_inside_see_on_user_ports(
     edge: httpx.AsyncClient, plane: Plane, upstream: ServerThread
 ) -> None:

@@ -410,7 +410,10 @@ def test_unreachable_upstream_is_a_502_json_answer(client: httpx.Client, dead_po
     assert response.status_code == 502
     assert response.headers["content-type"] == "application/json"
     answer = response.json()
-    assert answer == {"code": 502, "message": f"The sandbox is not reachable on port {dead_port}: connection refused"}
+    message = f"The sandbox is running but the port is not open: nothing listens on port {dead_port}"
+    assert answer == {"code": 502, "message": message}
+    assert "port is not open" in message, "what Python e2b from 2.53.1 reads as a port with nothing listening"
+    assert "was not found" not in message, "which it would read as a sandbox that is gone"
     assert "s3cret" not in response.text
 
 
