@@ -21,7 +21,7 @@ import httpx
 
 from runtime.backend import BackendError
 
-__all__ = ["HttpAgentInitializer"]
+__all__ = ["HEALTH_TIMEOUT_S", "HttpAgentInitializer", "agent_answers"]
 
 ATTEMPTS = 5  # the runtime reports a sandbox started once /health answered; these cover a slow first /init
 MAX_ANSWER_BYTES = 64 * 1024  # a refusal is a short reason; nothing longer is read
@@ -72,6 +72,19 @@ async def _read_bounded(response: httpx.Response) -> bytes:
         if len(answer) >= MAX_ANSWER_BYTES:
             break
     return bytes(answer)
+
+
+HEALTH_TIMEOUT_S = 3.0  # a pause with requireHealthyGuest waits this long for the agent's /health
+
+
+async def agent_answers(host: str, port: int, *, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
+    """Whether the agent answers ``GET /health`` with a success within ``timeout_s`` (the guest is healthy)."""
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client, asyncio.timeout(timeout_s):
+            response = await client.get(f"http://{_bracketed(host)}:{port}/health")
+    except (httpx.TransportError, TimeoutError):
+        return False
+    return response.is_success
 
 
 def _bracketed(host: str) -> str:

@@ -47,6 +47,7 @@ VOLUME_NOT_FOUND = "Volume not found"
 VOLUME_MOUNT_UNAVAILABLE = "Volume mount is unavailable"
 VOLUME_EXISTS = "Volume already exists"
 VOLUME_IN_USE = "Volume is in use"
+GUEST_NOT_RESPONDING = "The sandbox's agent is not responding: it was not paused; retry later"
 INVALID_VOLUME_TOKEN = "Invalid volume token"  # noqa: S105 - a message, not a secret
 
 

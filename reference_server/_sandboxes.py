@@ -21,17 +21,18 @@ import contextlib
 import logging
 import secrets
 import string
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, cast
 
-from contract.protocol import ENVD_PORT
+from contract.protocol import ENVD_PORT, SHOULD_RETRY_HEADER
 from runtime.backend import Backend, Feature, Limits, SandboxRuntimeError, State, VolumeMount
 from runtime.host import MemoryLedger
 
 from . import _errors as text
 from ._admission import Admission, AdmissionLimits
+from ._agent_init import agent_answers
 from ._agent_session import AgentSession, SessionFactory
 from ._credentials import SealedToken, TokenScope, TokenVault, new_sandbox_token
 from ._errors import ApiError, runtime_refusal
@@ -179,6 +180,8 @@ class SandboxService:
         self.built: BuiltTemplates | None = None  # set once the template service exists
         self.volumes: VolumeService | None = None  # set once the volume service exists
         self.create_keys = CreateKeys(store.db, self._clock)  # ``Idempotency-Key`` on create
+        # (host, port) → whether the agent answers /health (a seam: the in-memory backend has no agent)
+        self.guest_answers: Callable[[str, int], Awaitable[bool]] = agent_answers
         self.admission = Admission(
             settings.admission,
             store,
@@ -645,7 +648,7 @@ class SandboxService:
             await start_command(self.agent_sessions, self.settings.agent_port, started, envd_token)
         return started
 
-    async def pause(self, owner: str, sandbox_id: str, *, memory: bool) -> None:
+    async def pause(self, owner: str, sandbox_id: str, *, memory: bool, require_healthy_guest: bool = False) -> None:
         async with self.lock(sandbox_id):
             record = await self.owned(owner, sandbox_id)
             if record.state == S.PAUSED:
@@ -654,6 +657,12 @@ class SandboxService:
                 raise ApiError(409, text.LIFECYCLE_CONFLICT)
             if memory:
                 self.require(Feature.PAUSE_MEMORY, "pausing with memory")
+            if require_healthy_guest:
+                # The newer clients' strict pause: a sandbox whose agent does not answer is left
+                # running, with a 503 that they retry (docs/PROTOCOL-NOTES.md, "Retries").
+                address = record.details.address
+                if address is None or not await self.guest_answers(address, self.settings.agent_port):
+                    raise ApiError(503, text.GUEST_NOT_RESPONDING, {SHOULD_RETRY_HEADER: "true"})
             await self._pause(record, memory=memory)
 
     async def _pause(self, record: SandboxRecord, *, memory: bool) -> SandboxRecord:

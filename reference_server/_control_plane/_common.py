@@ -32,6 +32,7 @@ __all__ = [
     "Handler",
     "bool_field",
     "metadata_filter",
+    "newer_bool_field",
     "no_content",
     "ranges",
     "rfc3339_query",
@@ -72,6 +73,14 @@ def no_content() -> Response:
 def bool_field(body: dict[str, Any], name: str, default: bool) -> bool:
     value = body.get(name)
     return default if value is None else bool(value)
+
+
+def newer_bool_field(body: dict[str, Any], name: str, default: bool) -> bool:
+    """A boolean the pinned schema does not declare (the newer clients send it), so not yet type-checked."""
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise ApiError(400, f"Invalid request body: {name}: must be of type boolean")
+    return value
 
 
 def strings(value: object) -> tuple[str, ...]:

@@ -31,6 +31,7 @@ from ._common import (
     Endpoint,
     bool_field,
     metadata_filter,
+    newer_bool_field,
     no_content,
     ranges,
     rfc3339_query,
@@ -328,7 +329,10 @@ async def pause(request: Request, caller: Caller) -> Response:
     check_query(request, ())
     body = await read_json(request, "SandboxPauseRequest", optional=True)
     memory = bool_field(body, "memory", Defaults.PAUSE_MEMORY)
-    await caller.service.pause(caller.owner, request.path_params["sandbox_id"], memory=memory)
+    strict = newer_bool_field(body, "requireHealthyGuest", False)  # Python e2b 2.63's pause(strict=True)
+    await caller.service.pause(
+        caller.owner, request.path_params["sandbox_id"], memory=memory, require_healthy_guest=strict
+    )
     return no_content()
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from reference_server._agent_init import HttpAgentInitializer
+from reference_server._agent_init import HttpAgentInitializer, agent_answers
 from runtime.backend import BackendError
 
 pytestmark = pytest.mark.anyio
@@ -121,3 +121,21 @@ async def test_an_answer_that_never_ends_fails_within_the_timeout() -> None:
         assert time.monotonic() - started < 2.0
         assert agent.sent > 0, "the agent was dribbling"
     await initializer.aclose()
+
+
+async def test_agent_answers_is_a_success_from_health_within_its_timeout() -> None:
+    """The probe a strict pause (``requireHealthyGuest``) makes before it pauses."""
+    async with fake_agent(accept) as agent:
+        assert await agent_answers("127.0.0.1", agent.port) is True
+    async with fake_agent(refuse) as agent:
+        assert await agent_answers("127.0.0.1", agent.port) is False, "a refusal is not health"
+
+    async def silent(agent: FakeAgent, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(3600)
+
+    async with fake_agent(silent) as agent:
+        async with asyncio.timeout(30):  # an agent that never answers does not hold the pause
+            assert await agent_answers("127.0.0.1", agent.port, timeout_s=0.5) is False
+    async with fake_agent(accept) as agent:
+        closed = agent.port
+    assert await agent_answers("127.0.0.1", closed) is False, "nothing listening"

@@ -281,6 +281,36 @@ async def test_an_extension_that_wins_the_race_keeps_the_sandbox(plane: Plane) -
     assert (await plane.backend.inspect(sandbox_id)).state is State.RUNNING
 
 
+async def test_a_strict_pause_leaves_a_sandbox_whose_agent_is_silent_running(plane: Plane) -> None:
+    """``requireHealthyGuest`` (Python e2b 2.63's ``pause(strict=True)``): 503, retried, nothing changed."""
+    sandbox_id = (await plane.create())["sandboxID"]
+    asked: list[tuple[str, int]] = []
+    healthy = False
+
+    async def answers(host: str, port: int) -> bool:
+        asked.append((host, port))
+        return healthy
+
+    plane.service.guest_answers = answers
+    silent = await plane.client.post(f"/sandboxes/{sandbox_id}/pause", json={"requireHealthyGuest": True}, headers=A)
+    refused(silent, 503)
+    assert silent.headers["Should-Retry"] == "true", "the newer clients retry it"
+    assert asked == [("127.0.0.1", 49983)], "the agent's /health was asked"
+    detail = await plane.client.get(f"/sandboxes/{sandbox_id}", headers=A)
+    assert detail.json()["state"] == "running"
+    assert (await plane.backend.inspect(sandbox_id)).state is State.RUNNING
+    healthy = True
+    paused = await plane.client.post(f"/sandboxes/{sandbox_id}/pause", json={"requireHealthyGuest": True}, headers=A)
+    assert paused.status_code == 204, paused.text
+    other = (await plane.create())["sandboxID"]
+    healthy = False
+    lenient = await plane.client.post(f"/sandboxes/{other}/pause", json={"requireHealthyGuest": False}, headers=A)
+    assert lenient.status_code == 204, "without the flag the agent is not asked"
+    assert len(asked) == 2
+    bad = await plane.client.post(f"/sandboxes/{other}/pause", json={"requireHealthyGuest": "yes"}, headers=A)
+    refused(bad, 400)
+
+
 async def test_snapshots(plane: Plane) -> None:
     source = (await plane.create())["sandboxID"]
     plane.backend.write(source, "/home/user/a.txt", b"kept")
