@@ -65,6 +65,14 @@ __all__ = [
 # with a 400 that says so, rather than accepted and silently not applied.
 MCP_UNAVAILABLE = "MCP gateway is unavailable"
 RULES_UNAVAILABLE = "Network transform rules are unavailable"
+# What the newer clients' create bodies can carry beyond the pinned contract, refused the same way
+# when given (a client leaves each out unless its caller asks for it).
+NEWER_UNAVAILABLE = {
+    "iam": "IAM workload identity is unavailable",
+    "network/dnsServers": "Custom DNS servers are unavailable",
+    "network/egressProxy": "Egress proxy is unavailable",
+    "network/httpsPorts": "HTTPS ports are unavailable",
+}
 _HOST_MASK = re.compile(r"[!-~]{1,253}")  # printable ASCII without spaces: it becomes a Host header
 
 
@@ -139,6 +147,16 @@ def _volume_mounts(value: object) -> tuple[tuple[str, str], ...]:
 # -- create, connect, resume ---------------------------------------------------------------------
 
 
+def _refuse_newer(body: dict[str, Any], network: dict[str, Any]) -> None:
+    asked = {"iam": body.get("iam"), **{f"network/{name}": network.get(name) for name in _NEWER_NETWORK}}
+    for field, value in asked.items():
+        if value not in (None, [], {}):
+            raise ApiError(400, NEWER_UNAVAILABLE[field])
+
+
+_NEWER_NETWORK = ("dnsServers", "egressProxy", "httpsPorts")
+
+
 async def create_v1(request: Request, caller: Caller) -> Response:
     return await _create(request, caller, default_timeout=Defaults.TIMEOUT_S, default_secure=Defaults.SECURE_V1)
 
@@ -156,6 +174,7 @@ async def _create(request: Request, caller: Caller, *, default_timeout: int, def
     network = body.get("network") or {}
     if network.get("rules"):
         raise ApiError(400, RULES_UNAVAILABLE)
+    _refuse_newer(body, network)
     opened = await caller.service.create_once(
         caller.owner,
         CreateRequest(

@@ -416,6 +416,11 @@ async def test_a_network_update_replaces_the_egress_lists(plane: Plane) -> None:
         ({"network": {"rules": {"example.com": [{}]}}}, "Network transform rules are unavailable"),
         ({"network": {"maskRequestHost": "has space"}}, "maskRequestHost"),
         ({"network": {"maskRequestHost": "h\u00e9"}}, "maskRequestHost"),
+        # What the newer clients can send beyond the pinned contract (each only when asked for).
+        ({"iam": {"tokens": {"gcp": {"audience": "x"}}}}, "IAM workload identity is unavailable"),
+        ({"network": {"dnsServers": ["1.1.1.1"]}}, "Custom DNS servers are unavailable"),
+        ({"network": {"egressProxy": {"url": "https://proxy.test"}}}, "Egress proxy is unavailable"),
+        ({"network": {"httpsPorts": [8443]}}, "HTTPS ports are unavailable"),
     ],
 )
 async def test_create_refuses_what_it_cannot_honour_and_keeps_nothing(
@@ -425,6 +430,12 @@ async def test_create_refuses_what_it_cannot_honour_and_keeps_nothing(
     refused(answer, 400)
     assert message in answer.json()["message"]
     assert await plane.store.all() == []
+
+
+async def test_the_newer_fields_left_empty_are_no_request_for_them(plane: Plane) -> None:
+    body = {"iam": {}, "network": {"dnsServers": [], "httpsPorts": [], "egressProxy": None}}
+    answer = await plane.client.post("/sandboxes", json={"templateID": "base", **body}, headers=A)
+    assert answer.status_code == 201, answer.text
 
 
 async def test_network_update_refuses_rules(plane: Plane) -> None:
