@@ -139,8 +139,9 @@ def _envd(
     check: Check,
     *,
     fields: tuple[str, ...] = (),
+    since: str = "",
 ) -> Case:
-    return Case(f"envd/{scenario}", "envd", scenario, flavours, (*LIFE, *operations), check, fields=fields)
+    return Case(f"envd/{scenario}", "envd", scenario, flavours, (*LIFE, *operations), check, fields=fields, since=since)
 
 
 def _sandbox(
@@ -300,6 +301,13 @@ CASES: tuple[Case, ...] = (
         (START, "envd.process.List", "envd.process.Connect"),
         checks.envd_background,
         fields=on("envd.process.Connect", "message.process.pid"),
+    ),
+    _envd(
+        "commands/stream-input",
+        ("py-sync", "py-async"),
+        (START, "envd.process.StreamInput", "envd.process.CloseStdin"),
+        checks.envd_stream_input,
+        since="2.58.0",
     ),
     _envd(
         "commands/stdin",

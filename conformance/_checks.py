@@ -293,3 +293,8 @@ def envd_parallel_traffic(r: dict[str, Any], work: str) -> None:
     assert [f[0] for f in files] == list(range(PARALLEL_TRAFFIC)), "not every file round trip answered"
     for n, sent, received, size in files:
         assert sent == received, f"file {n} came back different ({size} bytes): another request's answer?"
+
+
+def envd_stream_input(r: dict[str, Any], work: str) -> None:
+    assert r["stdout"] == "first line\nsecond line\nthird", f"cat echoed {r['stdout']!r} of the streamed stdin"
+    assert r["exit_code"] == 0, f"cat ended with {r['exit_code']} ({r['stderr']!r}) after close_stdin"

@@ -83,15 +83,26 @@ class RunPlan:
 
 
 def _selected(plan: RunPlan) -> list[tuple[ClientSet, Case, str]]:
-    return [
-        (clients, case, flavour)
-        for clients in plan.client_sets
-        for family in plan.families
-        for case in cases(family)
-        if plan.match in case.name
-        for flavour in case.flavours
-        if flavour in plan.flavours
-    ]
+    """Every case for every client set and flavour, once per client that runs it.
+
+    Two client sets of a sweep can hold the same interpreter client (e2b 2.61 and 2.63 both bring
+    e2b-code-interpreter 2.11.5): its cases run once, with the later set (the newer e2b below it),
+    since a report has one result per case and client.
+    """
+    chosen: list[tuple[ClientSet, Case, str]] = []
+    seen: set[tuple[str, ClientInfo]] = set()
+    for clients in reversed(plan.client_sets):
+        for family in plan.families:
+            for case in cases(family):
+                if plan.match not in case.name:
+                    continue
+                for flavour in case.flavours:
+                    key = (case.name, clients.info(flavour, case.family))
+                    if flavour in plan.flavours and key not in seen:
+                        seen.add(key)
+                        chosen.append((clients, case, flavour))
+    order = {id(clients): index for index, clients in enumerate(plan.client_sets)}
+    return sorted(chosen, key=lambda chosen_one: order[id(chosen_one[0])])
 
 
 class _ScenarioRuns:

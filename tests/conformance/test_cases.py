@@ -136,6 +136,26 @@ def test_interpreter_cases_are_reported_under_the_interpreter_clients(tmp_path: 
     assert clients.info("js", "sandbox") == ClientInfo("js", "e2b", "2.33.0")
 
 
+def test_a_sweep_runs_an_interpreter_client_shared_by_two_sets_once_with_the_later(tmp_path: Path) -> None:
+    """e2b 2.61 and 2.63 both bring e2b-code-interpreter 2.11.5: a report has one result per case and client."""
+
+    def client_set(e2b: str, interpreter: str, node: str, js_interpreter: str) -> ClientSet:
+        python = PythonClients(tmp_path, tmp_path, e2b, (("e2b", e2b), ("e2b-code-interpreter", interpreter)))
+        js = NodeClients(tmp_path, node, (("e2b", node), ("@e2b/code-interpreter", js_interpreter)))
+        return ClientSet(python, js, e2b, node)
+
+    older, newer = client_set("2.61.0", "2.11.5", "2.39.0", "2.7.2"), client_set("2.63.0", "2.11.5", "2.45.0", "2.7.2")
+    endpoint = ExternalEndpoint({"E2B_API_KEY": "e2b_00", "E2B_DOMAIN": "e2b.test"})
+    selected = _harness._selected(_harness.RunPlan(endpoint, (older, newer)))
+    keys = [(case.name, clients.info(flavour, case.family)) for clients, case, flavour in selected]
+    assert len(keys) == len(set(keys)), "one result per case and client"
+    interpreter = {clients.python_version for clients, case, _ in selected if case.family == "interpreter"}
+    assert interpreter == {"2.63.0"}, "the shared interpreter client runs with the newer e2b below it"
+    envd = [clients.python_version for clients, case, _ in selected if case.family == "envd"]
+    assert envd == sorted(envd), "the client sets keep their order"
+    assert set(envd) == {"2.61.0", "2.63.0"}, "each e2b runs the e2b cases"
+
+
 def test_the_pinned_locks_name_both_clients() -> None:
     from conformance._clients import _node_lock, _pins, _python_lock
 

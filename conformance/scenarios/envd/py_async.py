@@ -112,6 +112,19 @@ async def _stdin(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
     return {"listed": listed, "stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code}
 
 
+@scenario("commands/stream-input")
+async def _stream_input(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
+    """stdin sent as one client stream (``StreamInput``, clients from 2.58), in order, str and bytes alike."""
+    handle = await sbx.commands.run("cat", background=True, stdin=True)
+    async with sbx.commands.stream_input(handle.pid) as stream:
+        await stream.send("first line\n")
+        await stream.send(b"second line\n")
+        await stream.send("third")
+    await sbx.commands.close_stdin(handle.pid)
+    result = await handle.wait()
+    return {"stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code}
+
+
 @scenario("commands/kill")
 async def _kill(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
     handle = await sbx.commands.run("sleep 30", background=True)

@@ -96,6 +96,16 @@ def _stdin(sbx: Sandbox, work: str) -> dict[str, Any]:
     }
 
 
+@scenario("commands/stream-input")
+def _stream_input(sbx: Sandbox, work: str) -> dict[str, Any]:
+    """stdin sent as one client stream (``StreamInput``, clients from 2.58), in order, str and bytes alike."""
+    handle = sbx.commands.run("cat", background=True, stdin=True)
+    sbx.commands.stream_input(handle.pid, ["first line\n", b"second line\n", "third"])
+    sbx.commands.close_stdin(handle.pid)
+    result = handle.wait()
+    return {"stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code}
+
+
 @scenario("commands/kill")
 def _kill(sbx: Sandbox, work: str) -> dict[str, Any]:
     handle = sbx.commands.run("sleep 30", background=True)
