@@ -433,7 +433,7 @@ async def test_create_refuses_what_it_cannot_honour_and_keeps_nothing(
 
 
 async def test_the_newer_fields_left_empty_are_no_request_for_them(plane: Plane) -> None:
-    body = {"iam": {}, "network": {"dnsServers": [], "httpsPorts": [], "egressProxy": None}}
+    body: dict[str, object] = {"iam": {}, "network": {"dnsServers": [], "httpsPorts": [], "egressProxy": None}}
     answer = await plane.client.post("/sandboxes", json={"templateID": "base", **body}, headers=A)
     assert answer.status_code == 201, answer.text
 
