@@ -41,6 +41,7 @@ from . import _checks as checks
 from . import _checks_interpreter as interpreter_checks
 from . import _checks_sandbox as sandbox_checks
 from . import _checks_volume as volume_checks
+from ._clients import version_order
 
 __all__ = ["CASES", "FAMILY_TEMPLATES", "Case", "Check", "cases"]
 
@@ -123,8 +124,12 @@ class Case:
     # observed through the client (a value read back, a behaviour that differs without it).
     fields: tuple[str, ...] = ()
     # The first e2b version (Python and npm alike) whose API the scenario calls: older clients have
-    # no way to make its requests, so the case is skipped for them, with that reason.
+    # no way to make its requests, so it does not run for them (their report has no result for it).
     since: str = ""
+
+    def predates(self, version: str) -> bool:
+        """Whether a client of ``version`` is older than the API this case calls (``since``)."""
+        return bool(self.since) and version_order(version) < version_order(self.since)
 
 
 def on(operation: str, *keys: str) -> tuple[str, ...]:

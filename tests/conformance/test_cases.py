@@ -156,6 +156,24 @@ def test_a_sweep_runs_an_interpreter_client_shared_by_two_sets_once_with_the_lat
     assert set(envd) == {"2.61.0", "2.63.0"}, "each e2b runs the e2b cases"
 
 
+def test_a_client_older_than_a_cases_api_has_no_result_for_it(tmp_path: Path) -> None:
+    """Not a skip: a skipped case would keep the operations it covers short of green for that client."""
+    python = PythonClients(tmp_path, tmp_path, "2.32.0", (("e2b", "2.32.0"), ("e2b-code-interpreter", "2.8.1")))
+    node = NodeClients(tmp_path, "2.33.0", (("e2b", "2.33.0"), ("@e2b/code-interpreter", "2.6.1")))
+    endpoint = ExternalEndpoint({"E2B_API_KEY": "e2b_00", "E2B_DOMAIN": "e2b.test"})
+    selected = _harness._selected(_harness.RunPlan(endpoint, (ClientSet(python, node, "2.32.0", "2.33.0"),)))
+    names = {case.name for _, case, _ in selected}
+    newer = {case.name for case in CASES if case.since}
+    assert newer >= {
+        "sandbox/lifecycle/list-order",
+        "sandbox/lifecycle/idempotent-create",
+        "envd/commands/stream-input",
+    }
+    assert not names & newer, "the pinned clients predate these cases' APIs"
+    assert "sandbox/lifecycle/list-filter-paginate" in names
+    assert all(case.predates("2.32.0") and not case.predates("2.63.0") for case in CASES if case.since)
+
+
 def test_the_pinned_locks_name_both_clients() -> None:
     from conformance._clients import _node_lock, _pins, _python_lock
 

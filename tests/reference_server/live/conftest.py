@@ -25,21 +25,14 @@ from collections.abc import Iterator
 import pytest
 
 from conformance._cases import Case
-from conformance._clients import (
-    NodeClients,
-    PythonClients,
-    available_node_versions,
-    available_python_versions,
-    ensure_node_clients,
-    ensure_python_clients,
-    version_order,
-)
+from conformance._clients import NodeClients, PythonClients, ensure_node_clients, ensure_python_clients
 from conformance._endpoint import ManagedServer
 from conformance._harness import CASE_TIMEOUT_S
 from conformance._registry import RegistryOffer, offered_image
 from conformance._scenarios import SCENARIOS as ALL_SCENARIOS
 from conformance._scenarios import ScenarioRunner
 from runtime.backends import DEFAULT_BACKEND, serving_backends
+from tests.clients import newest, predates
 from tests.servers import managed_server
 
 from ._default_run import CaseRun, chosen_flavour, full_run, verdict
@@ -110,13 +103,7 @@ def check_case(request: pytest.FixtureRequest, runner: ScenarioRunner, flavour: 
     if predates(runner, flavour, case):
         # The pinned client has no way to make this case's requests (the harness's run skips it for
         # them): the newest committed clients run it, on every backend.
-        runner = ScenarioRunner(
-            ensure_python_clients(available_python_versions()[-1]),
-            ensure_node_clients(available_node_versions()[-1]),
-            env=runner.env,
-            workdir=runner.workdir,
-            scripts=runner.scripts,
-        )
+        runner = newest(runner)
     elif request.node.callspec.params["backend_server"] == DEFAULT_BACKEND:
         verdict(request.getfixturevalue("default_run"), flavour, case)
         return
@@ -126,12 +113,6 @@ def check_case(request: pytest.FixtureRequest, runner: ScenarioRunner, flavour: 
         server: LiveServer = request.getfixturevalue("backend_server")
         exc.add_note(f"the server's log, last {SERVER_LOG_LINES} lines:\n{log_tail(server, SERVER_LOG_LINES)}")
         raise
-
-
-def predates(runner: ScenarioRunner, flavour: str, case: Case) -> bool:
-    """Whether the runner's client for ``flavour`` is older than the API ``case`` calls (``Case.since``)."""
-    version = runner.node.version if flavour == "js" else runner.python.version
-    return bool(case.since) and version_order(version) < version_order(case.since)
 
 
 def log_tail(server: LiveServer, lines: int) -> str:
