@@ -456,19 +456,26 @@ def test_interrupted_base_build_leaves_nothing(base_template: Template, tmp_path
     assert _commands.mounts_below(tmp_path) == []
 
 
-def test_prune_keeps_the_newest_base_templates(tmp_path: Path) -> None:
+def _fake_bases(root: Path, count: int) -> None:
+    """``count`` base templates (metadata only) under ``root``, each built a second after the one before."""
     import json as _json
     import os as _os
 
-    from runtime.templates import list_templates, prune_templates
-
-    root = tmp_path / "templates"
-    for index in range(4):
+    for index in range(count):
         folder = root / f"base-{index:016x}"
         (folder / "rootfs").mkdir(parents=True)
         meta = folder / "template.json"
         meta.write_text(_json.dumps({"name": "base", "key": f"{index:064x}", "agent_command": ["x"]}))
         _os.utime(meta, (1_000_000 + index, 1_000_000 + index))
+
+
+def test_prune_keeps_the_newest_base_templates(tmp_path: Path) -> None:
+    import json as _json
+
+    from runtime.templates import list_templates, prune_templates
+
+    root = tmp_path / "templates"
+    _fake_bases(root, 4)
     (root / "os-0000000000000000" / "rootfs").mkdir(parents=True)
     (root / "os-0000000000000000" / "template.json").write_text(
         _json.dumps({"name": "os", "key": "0" * 64, "agent_command": []})
@@ -484,19 +491,11 @@ def test_prune_keeps_the_newest_base_templates(tmp_path: Path) -> None:
 
 def test_parallel_prunes_remove_each_old_template_once(tmp_path: Path) -> None:
     """Parallel builds all end in a prune: the ones that pick the same old template must not fail."""
-    import json as _json
-    import os as _os
     from concurrent.futures import ThreadPoolExecutor
 
     from runtime.templates import list_templates, prune_templates
 
-    root = tmp_path / "templates"
-    for index in range(24):
-        folder = root / f"base-{index:016x}"
-        (folder / "rootfs").mkdir(parents=True)
-        meta = folder / "template.json"
-        meta.write_text(_json.dumps({"name": "base", "key": f"{index:064x}", "agent_command": ["x"]}))
-        _os.utime(meta, (1_000_000 + index, 1_000_000 + index))
+    _fake_bases(tmp_path / "templates", 24)
     with ThreadPoolExecutor(8) as pool:
         removed = list(pool.map(lambda _: prune_templates(tmp_path, keep=2), range(8)))  # raises what one raised
     names = sorted(path.name for paths in removed for path in paths)
