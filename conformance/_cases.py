@@ -300,6 +300,7 @@ CASES: tuple[Case, ...] = (
     ),
     _envd("commands/exit-code", ALL, (START,), checks.envd_exit_code),
     _envd("commands/ordering", ("py-sync",), (START,), checks.envd_ordering),
+    _envd("commands/sudo", ALL, (START,), checks.envd_sudo),
     _envd(
         "commands/background-connect",
         ALL,

@@ -28,6 +28,10 @@ def envd_exit_code(r: dict[str, Any], work: str) -> None:
     assert r == {"raised": True, "exit_code": 3, "stdout": "partial\n", "stderr": "failing\n"}
 
 
+def envd_sudo(r: dict[str, Any], work: str) -> None:
+    assert (r["stdout"], r["exit_code"]) == ("root\nuser\n", 0), f"sudo as the default user gave {r!r}"
+
+
 def envd_ordering(r: dict[str, Any], work: str) -> None:
     assert r["stdout"] == "".join(f"out{i}\n" for i in range(1, 6))
     assert r["stderr"] == "".join(f"err{i}\n" for i in range(1, 6))

@@ -43,12 +43,28 @@ def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-# The sandbox's root filesystem, as mounted on the host: no device nodes ever (nodev), but setuid
-# stays: a host mount's nosuid is locked into the sandbox's user namespace and would break
-# ``sudo`` for the sandbox user, which templates provide as E2B's do. Setuid programs in it belong
-# to the sandbox's own id range (never host root), and the mount sits in a 0700 folder of the
-# sandbox's root (``OciBackend._own_layer``), so no other host user can reach or run them.
-OVERLAY_OPTIONS = "nodev"
+# The sandbox's root filesystem, as mounted on the host: no device nodes and no setuid (a setuid
+# program a tenant planted in its layer runs as nobody special from the host side). The sandbox
+# itself needs setuid (``sudo`` for the sandbox user, as E2B's templates have), and a host mount's
+# nosuid would be locked into the sandbox's user namespace: so the runtime creates the container
+# from a mount namespace of its own where this one mount is made setuid again
+# (``SUID_ROOT_SCRIPT``); the host's mount table never holds a setuid view of a sandbox's files.
+OVERLAY_OPTIONS = "nodev,nosuid"
+
+# $1 is a mount of ours, in a mount namespace of the caller's own (``unshare --mount``): setuid
+# again there only (a bind remount changes that one view; libmount keeps the options not named,
+# so suid is named and nodev stays), then exec the rest.
+SUID_ROOT_SCRIPT = 'mount -o remount,bind,suid,nodev -- "$1" && shift && exec "$@"'
+
+
+def with_setuid_root(rootfs: Path, argv: list[str]) -> list[str]:
+    """``argv`` run in a private mount namespace in which the nosuid mount at ``rootfs`` allows setuid.
+
+    What ``argv`` makes there (a container's namespaces, cloned from this one) keeps that view;
+    the host's view stays nosuid, and the namespace itself ends with ``argv``.
+    """
+    private = ["unshare", "--mount", "--propagation", "private", "--"]
+    return [*private, "sh", "-c", SUID_ROOT_SCRIPT, "sh", str(rootfs), *argv]
 
 
 def mount_overlay(lowers: list[str], upper: Path, work: Path, target: Path) -> None:

@@ -92,7 +92,9 @@ class ContainerRuntime(Protocol):
     """An OCI runtime's command line, as far as the backend needs it (crun; runsc takes the same).
 
     ``create`` makes the container from ``bundle`` with its output going to ``log`` (rotated
-    to ``<log>.1`` and bounded while it runs: ``_hostfs.log_writer``), and
+    to ``<log>.1`` and bounded while it runs: ``_hostfs.log_writer``), with the root at
+    ``bundle/rootfs`` allowing setuid inside though the host's mount of it is nosuid
+    (``_hostfs.with_setuid_root``), and
     starts the container's init in a session of its own: in the caller's, a signal to the
     caller's process group (Ctrl-C, a supervisor stopping the server) would reach every
     sandbox. ``start`` runs the bundle's process; ``freeze`` and ``thaw`` stop and continue

@@ -54,7 +54,8 @@ class CrunCommand:
         out = await asyncio.to_thread(_hostfs.log_writer, log)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self.argv("create", "--bundle", str(bundle), container),
+                # The root is nosuid on the host: the container is made from a view where it is not.
+                *_hostfs.with_setuid_root(bundle / "rootfs", self.argv("create", "--bundle", str(bundle), container)),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=out,

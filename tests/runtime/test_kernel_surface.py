@@ -110,7 +110,28 @@ def test_sandbox_folders_are_closed_to_other_host_users(backend: CrunBackend, st
     files = subprocess.run([*nobody, "find", str(home)], capture_output=True, text=True, check=False).stdout
     assert "private.txt" not in files
     mount = next(line for line in Path("/proc/mounts").read_text().splitlines() if f"{home}/bundle/rootfs" in line)
-    assert "nodev" in mount.split()[3].split(",")
+    assert {"nodev", "nosuid"} <= set(mount.split()[3].split(",")), "the host's view of its files is nosuid, nodev"
+
+
+def test_setuid_works_inside_while_the_hosts_view_ignores_it(backend: CrunBackend, state_dir: Path) -> None:
+    """A setuid-root program the sandbox's root makes runs as root inside, and as its caller from the host."""
+    host = started(backend, "ksuid")
+    code, _, err = shell(host, "cp /usr/bin/id /usr/local/bin/suid-id && chmod 4755 /usr/local/bin/suid-id")
+    assert code == 0, err
+    assert shell(host, "su user -c '/usr/local/bin/suid-id -u'")[1] == b"0\n", "setuid applies inside"
+    rootfs = state_dir / "sandboxes" / "ksuid" / "bundle" / "rootfs"
+    program = rootfs / "usr" / "local" / "bin" / "suid-id"
+    assert program.stat().st_mode & 0o4000, "the bit is there on the host side"
+    # Only host root reaches the folder (0700), so root opens the program and uid 65534 runs it
+    # through that descriptor: setuid would make it the sandbox root's host id; nosuid keeps it 65534.
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
+    fd = os.open(program, os.O_PATH)
+    try:
+        argv = [*nobody, f"/proc/self/fd/{fd}", "-u"]
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False, pass_fds=(fd,))
+    finally:
+        os.close(fd)
+    assert (proc.returncode, proc.stdout) == (0, "65534\n"), proc.stderr
 
 
 def test_a_sandbox_cannot_use_up_inotify_for_others_or_the_host(backend: CrunBackend) -> None:

@@ -20,6 +20,16 @@ const scenarios = {
     }
     return { raised: false }
   },
+  'commands/sudo': async (sbx) => {
+    // The default user's sudo (a setuid program): root through it, the user without it.
+    try {
+      const result = await sbx.commands.run('sudo -n id -un && id -un')
+      return { stdout: result.stdout, stderr: result.stderr, exit_code: result.exitCode }
+    } catch (e) {
+      if (!(e instanceof CommandExitError)) throw e
+      return { stdout: e.stdout, stderr: e.stderr, exit_code: e.exitCode }
+    }
+  },
   'commands/stdin': async (sbx) => {
     const handle = await sbx.commands.run('cat', { background: true, stdin: true })
     const listed = (await sbx.commands.list()).some((p) => p.pid === handle.pid)

@@ -49,6 +49,16 @@ async def _exit_code(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
     return {"raised": False}
 
 
+@scenario("commands/sudo")
+async def _sudo(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
+    """The default user's ``sudo`` (a setuid program): root through it, the user without it."""
+    try:
+        result = await sbx.commands.run("sudo -n id -un && id -un")
+    except CommandExitException as exc:
+        return {"stdout": exc.stdout, "stderr": exc.stderr, "exit_code": exc.exit_code}
+    return {"stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code}
+
+
 @scenario("commands/background-connect")
 async def _background(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
     handle = await sbx.commands.run("sleep 0.5; echo done", background=True)

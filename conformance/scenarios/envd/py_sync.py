@@ -52,6 +52,16 @@ def _exit_code(sbx: Sandbox, work: str) -> dict[str, Any]:
     return {"raised": False}
 
 
+@scenario("commands/sudo")
+def _sudo(sbx: Sandbox, work: str) -> dict[str, Any]:
+    """The default user's ``sudo`` (a setuid program): root through it, the user without it."""
+    try:
+        result = sbx.commands.run("sudo -n id -un && id -un")
+    except CommandExitException as exc:
+        return {"stdout": exc.stdout, "stderr": exc.stderr, "exit_code": exc.exit_code}
+    return {"stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code}
+
+
 @scenario("commands/ordering")
 def _ordering(sbx: Sandbox, work: str) -> dict[str, Any]:
     seen: list[list[str]] = []
