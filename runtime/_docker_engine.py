@@ -9,6 +9,14 @@ configuration: it starts a ``dockerd`` of its own, with every path of its own::
     /run/e2b-compat/docker.sock      its API socket (root only)
     /run/e2b-compat/docker.pid       its pid (``stop`` ends that pid, never a process found by name)
     /run/e2b-compat/docker-exec/     its exec root (and that of the containerd it starts)
+    /run/e2b-compat/docker-views/    a shared mount: the volumes' idmapped views (``views``)
+
+The daemon runs in a mount namespace of its own (``unshare --mount --propagation slave``), where
+the pool is remounted ``suid``: the host's mount of it is ``nosuid`` (``runtime._docker_pool``).
+Mounts the host makes later reach that namespace only under a shared mount, so each volume's
+view is made under ``docker-views/``, made shared before the daemon starts. A daemon of ours
+found running in the host's namespace (started before this) is restarted like one with older
+settings.
 
 Disk and ids (``runtime._docker_pool``): the data root is on a btrfs pool of bounded size, so no
 sandbox can fill the host filesystem, and each container has a btrfs qgroup limit (simple quotas)
@@ -55,7 +63,7 @@ from typing import Any
 import docker
 import docker.errors
 
-from . import _docker_pool, host
+from . import _docker_pool, _hostfs, host
 from ._oci import DENIED_SYSCALLS, ENOSYS_SYSCALLS, IO_URING_SYSCALLS
 from .backend import BackendError
 from .host import HostNotReadyError
@@ -101,6 +109,7 @@ class Engine:
         self.socket = run / "docker.sock"
         self.pidfile = run / "docker.pid"
         self.exec_root = run / "docker-exec"
+        self.views = run / "docker-views"
         self._lock = run / "docker.lock"
 
     @property
@@ -170,7 +179,7 @@ class Engine:
         """Start our daemon unless it answers already with our settings; True when this call started it."""
         with self.locked():
             running = self.running_argv()
-            if running is not None and running[1:] != self.argv()[1:]:
+            if running is not None and (running[1:] != self.argv()[1:] or not self.in_own_namespace()):
                 say(f"our dockerd (pid {self.pid()}) runs with older settings: restarting it (its containers stop)")
                 self._stop_locked()
             elif self.answers():
@@ -183,16 +192,32 @@ class Engine:
             if self.old_data_root.is_dir():
                 say(f"{self.old_data_root} (the overlay2 data root before the pool) is no longer used: remove it")
             self.exec_root.mkdir(parents=True, exist_ok=True)
+            _hostfs.ensure_shared(self.views)  # before the daemon's namespace is cloned: it is a slave of it
+            # What a daemon left mounted under the pool in the host's namespace (one started before
+            # daemons had a namespace of their own binds its data root there, without nosuid): no
+            # daemon runs now, and the new one makes its own in its namespace.
+            for point in sorted(_hostfs.mounts_under(self.pool), key=len, reverse=True):
+                say(f"unmounting {point}, left in the host's namespace by an earlier dockerd")
+                _hostfs.unmount(point)
             say(f"starting our own dockerd on {self.socket} (data root {self.data_root})")
+            daemon = _hostfs.with_setuid_root(self.pool, self.argv(), propagation="slave")
             with open(self.log, "ab") as log:
                 # setsid --fork: a session of its own (a signal to the caller's group never reaches it),
                 # and not our child: it outlives this process and is never left for us to reap.
                 subprocess.run(
-                    ["setsid", "--fork", *self.argv()], stdin=subprocess.DEVNULL, stdout=log, stderr=log, check=True
+                    ["setsid", "--fork", *daemon], stdin=subprocess.DEVNULL, stdout=log, stderr=log, check=True
                 )
             self._wait_answering()
             STARTED_HERE.add(self.pidfile)
             return True
+
+    def in_own_namespace(self) -> bool:
+        """Whether our running daemon has a mount namespace other than this process's (the host's)."""
+        pid = self.pid()
+        try:
+            return pid is not None and os.stat(f"/proc/{pid}/ns/mnt").st_ino != os.stat("/proc/self/ns/mnt").st_ino
+        except OSError:
+            return False
 
     def _wait_answering(self) -> None:
         deadline = time.monotonic() + _ANSWER_TIMEOUT_S

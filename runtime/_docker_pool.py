@@ -4,7 +4,7 @@
 loop-mounted by the engine's preparation (``ensure_pool``; re-mounted after a host restart)::
 
     /var/lib/e2b-compat/docker-pool.img   the pool: sparse, so it takes on the host what it holds
-    /var/lib/e2b-compat/docker-pool/      its mount point (``loop,nodev,discard=async``)
+    /var/lib/e2b-compat/docker-pool/      its mount point (``loop,nodev,nosuid,discard=async``)
     /var/lib/e2b-compat/docker-pool/data/ the daemon's data root (``--storage-driver=btrfs``)
 
 So the host filesystem never holds more of the daemon's data than the pool's size, whatever the
@@ -22,9 +22,11 @@ meets either with 507. ``df`` inside shows the pool, not the sandbox's limit. Th
 reserved room: sandboxes whose limits add up past the pool share what is left, and a full pool
 is ENOSPC for all of them (never for the host).
 
-No ``nosuid`` on the pool: the container's root is a bind of its subvolume, which would inherit
-it and break ``sudo``. The data root below the mount is 0710, root and the remapped root's group
-only: no other host user reaches the setuid programs in it, which belong to the remapped root.
+The host's mount of the pool is ``nosuid`` too, so a setuid program a sandbox planted in its
+subvolume runs with its caller's ids from the host side. The daemon runs in a mount namespace of
+its own (``runtime._docker_engine``) where the pool is remounted ``suid,nodev``: a container's
+root is a bind of its subvolume and inherits that view, so ``sudo`` works inside. The data root
+below the mount is 0710, root and the remapped root's group only, besides.
 
 **Ids.** The daemon remaps every container's ids (``--userns-remap``, daemon-wide in Docker
 20.10) onto one range of 65536 host ids, leased once from the host-wide ``runtime._idranges``
@@ -68,7 +70,7 @@ __all__ = [
 POOL_SIZE_VARIABLE = "E2B_COMPAT_DOCKER_POOL_GB"
 DEFAULT_POOL_GB = 64
 MIN_POOL_GB = 4
-MOUNT_OPTIONS = "loop,nodev,discard=async"
+MOUNT_OPTIONS = "loop,nodev,nosuid,discard=async"
 REMAP_USER = "e2b-compat-docker"
 _GIB = 1 << 30
 
@@ -111,6 +113,9 @@ def ensure_pool(image: Path, mount_point: Path, say: Callable[[str], None]) -> N
     if not _hostfs.is_mount(str(mount_point)):
         say(f"mounting the docker pool {image} on {mount_point}")
         _hostfs.run("mount", "-o", MOUNT_OPTIONS, str(image), str(mount_point))
+    elif "nosuid" not in _hostfs.mount_options(str(mount_point)):  # mounted before the pool was nosuid
+        say(f"making the host's mount of the docker pool {mount_point} nosuid")
+        _hostfs.run("mount", "-o", "remount,bind,nosuid,nodev", str(mount_point))
     wanted = pool_bytes(image.parent) if os.environ.get(POOL_SIZE_VARIABLE, "").strip() else 0
     if wanted > image.stat().st_size:
         say(f"growing the docker pool to {wanted // _GIB} GiB")
@@ -165,9 +170,11 @@ def ensure_simple_quotas(mount_point: Path, say: Callable[[str], None]) -> None:
         os.close(fd)
 
 
-def fs_uuid(mount_point: Path) -> str:
-    """The btrfs filesystem's uuid (its folder under ``/sys/fs/btrfs``)."""
-    out = _hostfs.run("btrfs", "filesystem", "show", str(mount_point)).stdout
+def fs_uuid(folder: Path) -> str:
+    """The uuid of the btrfs filesystem holding ``folder`` (its folder under ``/sys/fs/btrfs``)."""
+    # ``btrfs filesystem show`` takes a mount point: the daemon's root is one only in its namespace.
+    mount_point = _hostfs.run("findmnt", "-n", "-o", "TARGET", "--target", str(folder)).stdout.strip()
+    out = _hostfs.run("btrfs", "filesystem", "show", mount_point).stdout
     for word in out.split():
         if word.count("-") == 4 and len(word) == 36:
             return word

@@ -57,14 +57,23 @@ OVERLAY_OPTIONS = "nodev,nosuid"
 SUID_ROOT_SCRIPT = 'mount -o remount,bind,suid,nodev -- "$1" && shift && exec "$@"'
 
 
-def with_setuid_root(rootfs: Path, argv: list[str]) -> list[str]:
-    """``argv`` run in a private mount namespace in which the nosuid mount at ``rootfs`` allows setuid.
+def with_setuid_root(rootfs: Path, argv: list[str], *, propagation: str = "private") -> list[str]:
+    """``argv`` run in a mount namespace of its own in which the nosuid mount at ``rootfs`` allows setuid.
 
     What ``argv`` makes there (a container's namespaces, cloned from this one) keeps that view;
-    the host's view stays nosuid, and the namespace itself ends with ``argv``.
+    the host's view stays nosuid, and the namespace itself ends with ``argv``. ``slave``: mounts
+    the host makes later under a shared mount still reach the namespace (Docker's volume views).
     """
-    private = ["unshare", "--mount", "--propagation", "private", "--"]
-    return [*private, "sh", "-c", SUID_ROOT_SCRIPT, "sh", str(rootfs), *argv]
+    own = ["unshare", "--mount", "--propagation", propagation, "--"]
+    return [*own, "sh", "-c", SUID_ROOT_SCRIPT, "sh", str(rootfs), *argv]
+
+
+def ensure_shared(folder: Path) -> None:
+    """``folder`` is a shared mount (a bind of itself): what is mounted under it reaches its slaves."""
+    folder.mkdir(mode=0o711, parents=True, exist_ok=True)
+    if not is_mount(str(folder)):
+        run("mount", "--bind", str(folder), str(folder))
+    run("mount", "--make-shared", str(folder))
 
 
 def mount_overlay(lowers: list[str], upper: Path, work: Path, target: Path) -> None:
@@ -114,6 +123,17 @@ def mount_points() -> list[str]:
 
 def is_mount(path: str) -> bool:
     return path.rstrip("/") in mount_points()
+
+
+def mount_options(path: str) -> set[str]:
+    """The options of the mount at ``path`` (the last one mounted there); empty when nothing is."""
+    found: set[str] = set()
+    with open("/proc/self/mounts", encoding="utf-8") as mounts:
+        for line in mounts:
+            fields = line.split()
+            if len(fields) > 3 and fields[1].replace("\\040", " ") == path.rstrip("/"):
+                found = set(fields[3].split(","))
+    return found
 
 
 def mounts_under(folder: Path) -> list[str]:

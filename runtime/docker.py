@@ -182,6 +182,11 @@ class DockerBackend:
                     f"our Docker Engine does not answer on {self._engine.socket}: "
                     "run `e2b-compat host prepare --backend docker`"
                 )
+            if not self._engine.in_own_namespace():  # started before its namespace: views would not reach it
+                raise BackendError(
+                    "our Docker Engine runs in the host's mount namespace (started by an older version): "
+                    "run `e2b-compat host prepare --backend docker`"
+                )
             self._docker = self._engine.client()
             info = self._docker.info()
             if info.get("Driver") != "btrfs":
@@ -404,11 +409,17 @@ class DockerBackend:
         record.disk = {"subvolume": number, "base": 0, "size": disk}
         self._save(record)
 
+    def _views(self, record: Record) -> Path:
+        """Where this sandbox's volume views are mounted: under the engine's shared folder, which reaches
+        the daemon's mount namespace (a mount in the sandbox's own folder would not)."""
+        self._home(record.sandbox_id)  # the id's checks
+        return self._engine.views / self._tag / record.sandbox_id
+
     def _volume_views(self, record: Record) -> list[tuple[str, str, str]]:
-        """(volume folder, where the sandbox sees it, its idmapped view in the sandbox's folder) per volume."""
-        home = self._home(record.sandbox_id)
+        """(volume folder, where the sandbox sees it, its idmapped view) per volume."""
+        views = self._views(record)
         return [
-            (str(entry["source"]), str(entry["target"]), str(home / "volumes" / str(index)))
+            (str(entry["source"]), str(entry["target"]), str(views / str(index)))
             for index, entry in enumerate(record.spec.get("volumes", []))
         ]
 
@@ -423,7 +434,7 @@ class DockerBackend:
                 raise BackendError(f"{record.sandbox_id}: volume folder {source} is not there")
             if _hostfs.is_mount(view):
                 continue
-            Path(view).mkdir(parents=True, exist_ok=True)
+            Path(view).mkdir(mode=0o700, parents=True, exist_ok=True)
             ns_fd = _idmap.userns_fd(_idmap.Mapping(self._remap_base(), RANGE_SIZE))
             try:
                 _idmap.idmapped_bind(source, view, ns_fd, read_only=False)
@@ -431,8 +442,8 @@ class DockerBackend:
                 os.close(ns_fd)
 
     def _unmap_volumes(self, record: Record) -> None:
-        for _source, _target, view in self._volume_views(record):
-            _hostfs.unmount(view)
+        if self._views(record).is_dir():
+            _hostfs.remove_tree(self._views(record))  # unmounts each view first; never deletes through one
 
     def _remap_base(self) -> int:
         """The first host id of the engine's remapped range (container root)."""
@@ -466,6 +477,14 @@ class DockerBackend:
         container = await asyncio.to_thread(self._container, record)
         if container is None:
             raise BackendError(f"the container of sandbox {record.sandbox_id} is gone")
+        home = self._home(record.sandbox_id)
+        before = {str(home / "volumes" / str(index)) for index in range(len(record.spec.get("volumes", [])))}
+        if before & {str(mount.get("Source")) for mount in container.attrs.get("Mounts", [])}:
+            # Made before views moved to the engine's shared folder: its binds would show empty folders.
+            raise BackendError(
+                f"the container of sandbox {record.sandbox_id} binds its volumes from where an older "
+                "version made their views, which the engine no longer sees: kill the sandbox and create it again"
+            )
         await asyncio.to_thread(self._map_volumes, record)
         await asyncio.to_thread(container.start)
         net = await asyncio.to_thread(self._plug, record, container)

@@ -28,15 +28,16 @@ import httpx
 import pytest
 
 from contract.protocol import ENVD_PORT
-from runtime import _docker_engine, _docker_pool, _network, _oci
+from runtime import _docker_engine, _docker_pool, _hostfs, _network, _oci
 from runtime._addresses import AddressRegistry
 from runtime._docker_reaper import REAPING
 from runtime._idranges import IdRangeRegistry
-from runtime.backend import Limits, SandboxSpec, State, TransitionError
+from runtime.backend import BackendError, Limits, SandboxSpec, State, TransitionError
 from runtime.docker import CGROUP_PARENT, FEATURES, SNAPSHOT_REPO, DockerBackend
 from runtime.templates import ensure_template
 
 from .test_crun import shell
+from .test_kernel_surface import uid_when_run_from_the_host
 
 pytestmark = [
     pytest.mark.artifacts,
@@ -265,6 +266,12 @@ def test_sandbox_root_is_the_remapped_host_uid(backend: DockerBackend, tmp_path:
     tries = f"cat {secret_path} && echo read; chmod 644 {secret_path} && echo changed; stat -c %u {secret_path}"
     assert shell(host, tries)[1] == b"65534\n", "root inside has no power over a host root file (it is nobody there)"
     assert shell(host, "su user -c 'sudo -n id -u'")[1] == b"0\n", "sudo still works inside"
+    # ... while the host's view of the pool is nosuid: a planted setuid program is no way up there.
+    assert {"nosuid", "nodev"} <= _hostfs.mount_options(str(backend._engine.pool))
+    assert backend._engine.in_own_namespace(), "the daemon's suid view of the pool is its own namespace's"
+    assert shell(host, "cp /usr/bin/id /usr/local/bin/suid-id && chmod 4755 /usr/local/bin/suid-id")[0] == 0
+    assert shell(host, "su user -c '/usr/local/bin/suid-id -u'")[1] == b"0\n", "setuid applies inside"
+    assert uid_when_run_from_the_host(layer / "usr/local/bin/suid-id") == "65534"
     # The remap range is a subid entry: crun's per-sandbox ranges never take it.
     ids = IdRangeRegistry(tmp_path, first=uid - 65536, count=3)
     assert [ids.allocate("t", "a"), ids.allocate("t", "b")] == [uid - 65536, uid + 65536]
@@ -411,6 +418,29 @@ def test_a_daemon_restart_stops_sandboxes_and_keeps_their_files(state_dir: Path)
     host = run(backend.resume("hr1")).host or ""
     assert shell(host, "cat /home/user/file")[1] == b"survived\n"
     assert run(backend.resume("hr2")).state is State.RUNNING
+
+
+def test_a_daemon_of_ours_in_the_hosts_namespace_is_restarted_into_its_own(state_dir: Path) -> None:
+    """As one started before daemons had a namespace of their own: refused by the backend, restarted by start."""
+    engine = _docker_engine.default_engine()
+    pidfile_was_ours = engine.pidfile in _docker_engine.STARTED_HERE
+    engine.stop()
+    with open(engine.log, "ab") as log:  # the old way: in this (the host's) namespace, as is
+        old_way = ["setsid", "--fork", *engine.argv()]
+        subprocess.run(old_way, stdin=subprocess.DEVNULL, stdout=log, stderr=log, check=True)
+    engine._wait_answering()
+    assert not engine.in_own_namespace()
+    with pytest.raises(BackendError, match="host's mount namespace"):
+        DockerBackend(state_dir)
+    said: list[str] = []
+    assert engine.start(said.append), "restarted"
+    if not pidfile_was_ours:
+        _docker_engine.STARTED_HERE.discard(engine.pidfile)
+    assert any("older settings" in line for line in said), said
+    assert engine.in_own_namespace()
+    assert _hostfs.mounts_under(engine.pool) == [], "nothing of the daemon's is mounted in the host's namespace"
+    host = started(DockerBackend(state_dir), "ns1")
+    assert shell(host, "su user -c 'sudo -n id -u'")[1] == b"0\n"
 
 
 def test_kill_leaves_nothing(state_dir: Path) -> None:

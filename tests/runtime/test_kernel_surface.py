@@ -122,16 +122,7 @@ def test_setuid_works_inside_while_the_hosts_view_ignores_it(backend: CrunBacken
     rootfs = state_dir / "sandboxes" / "ksuid" / "bundle" / "rootfs"
     program = rootfs / "usr" / "local" / "bin" / "suid-id"
     assert program.stat().st_mode & 0o4000, "the bit is there on the host side"
-    # Only host root reaches the folder (0700), so root opens the program and uid 65534 runs it
-    # through that descriptor: setuid would make it the sandbox root's host id; nosuid keeps it 65534.
-    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
-    fd = os.open(program, os.O_PATH)
-    try:
-        argv = [*nobody, f"/proc/self/fd/{fd}", "-u"]
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False, pass_fds=(fd,))
-    finally:
-        os.close(fd)
-    assert (proc.returncode, proc.stdout) == (0, "65534\n"), proc.stderr
+    assert uid_when_run_from_the_host(program) == "65534", "the host's view ignores the bit"
 
 
 def test_a_sandbox_cannot_use_up_inotify_for_others_or_the_host(backend: CrunBackend) -> None:
@@ -211,3 +202,20 @@ def test_ranges_are_released_on_kill(state_dir: Path) -> None:
     finally:
         run(crun.kill("krel"))
     assert not any(lease.base == base for lease in crun._ids.leases(owner))
+
+
+def uid_when_run_from_the_host(program: Path) -> str:
+    """``id -u`` as ``program`` prints it when host uid 65534 runs it from the host's mount of it.
+
+    Only host root reaches a sandbox's files (0700 folders), so root opens the program and 65534
+    runs it through that descriptor: a setuid bit honoured makes it its owner, nosuid keeps it 65534.
+    """
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
+    fd = os.open(program, os.O_PATH)
+    try:
+        argv = [*nobody, f"/proc/self/fd/{fd}", "-u"]
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False, pass_fds=(fd,))
+    finally:
+        os.close(fd)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
