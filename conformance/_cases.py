@@ -477,6 +477,13 @@ CASES: tuple[Case, ...] = (
         since="2.45.0",
     ),
     _sandbox(
+        "sandbox/fork-refused",
+        ALL,
+        ("control.sandboxes.list",),
+        sandbox_checks.sandbox_fork_refused,
+        since="2.35.0",  # Python from 2.34, npm from 2.35
+    ),
+    _sandbox(
         "sandbox/idempotent-create",
         ("py-sync", "py-async"),
         ("control.sandboxes.list",),

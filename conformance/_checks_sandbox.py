@@ -396,6 +396,14 @@ def sandbox_list_order(r: dict[str, Any], work: str) -> None:
     assert r["other_template"] == [], f"a template nothing was made from listed {r['other_template']}"
 
 
+def sandbox_fork_refused(r: dict[str, Any], work: str) -> None:
+    # The clients map a 501 to their generic SandboxException / SandboxError, with the server's message.
+    assert r["raised"] in ("SandboxException", "SandboxError"), f"fork(count=2) gave {r!r}, not the 501 refusal"
+    assert "Forking a sandbox is unavailable" in r["message"], f"the refusal's message is lost: {r['message']!r}"
+    assert r["listed"] == 1, f"a refused fork left {r['listed'] - 1} sandboxes besides its source"
+    assert r["runs"] == "ok\n", "the source sandbox is left running"
+
+
 def sandbox_idempotent_create(r: dict[str, Any], work: str) -> None:
     assert r["same"] is True, "a create repeated with its Idempotency-Key made another sandbox"
     assert r["runs"] == "ok\n", f"the repeated create's sandbox ran {r['runs']!r}"

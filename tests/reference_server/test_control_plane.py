@@ -355,6 +355,20 @@ async def test_snapshots(plane: Plane) -> None:
     refused(await plane.client.delete(f"/templates/{snapshot_id}", headers=A), 404)
 
 
+async def test_fork_is_refused_as_not_offered_and_makes_nothing(plane: Plane) -> None:
+    source = (await plane.create())["sandboxID"]
+    before = {info.sandbox_id for info in await plane.backend.list()}
+    for body in ({}, {"count": 1}, {"count": 20, "timeout": 60}, None):
+        answer = await plane.client.post(f"/sandboxes/{source}/fork", json=body, headers=A)
+        assert refused(answer, 501).startswith("Forking a sandbox is unavailable")
+    for bad in ({"count": 0}, {"count": 21}, {"count": "2"}, {"count": True}, {"count": 1.0}, {"timeout": -1}):
+        message = refused(await plane.client.post(f"/sandboxes/{source}/fork", json=bad, headers=A), 400)
+        assert message.startswith("Invalid request body: "), message
+    refused(await plane.client.post(f"/sandboxes/{source}/fork", headers={}), 401)
+    assert {info.sandbox_id for info in await plane.backend.list()} == before, "no sandbox was made"
+    assert (await plane.backend.inspect(source)).state is State.RUNNING, "the source is left running"
+
+
 async def test_metrics_single_batch_and_ranges(plane: Plane) -> None:
     sandbox_id = (await plane.create())["sandboxID"]
     plane.clock.advance(5)

@@ -225,6 +225,26 @@ const scenarios = {
     }
   },
 
+  // fork({ count: 2 }) (clients from 2.35), which this server refuses: the error the caller gets, and nothing made.
+  'sandbox/fork-refused': async () => {
+    const suite = crypto.randomUUID().replace(/-/g, '').slice(0, 12)
+    const sbx = await Sandbox.create({ metadata: { suite }, timeoutMs: 120000 })
+    try {
+      let outcome
+      try {
+        const forks = await sbx.fork({ count: 2 })
+        outcome = { raised: null, forks: forks.length }
+        for (const made of forks) if (made instanceof Sandbox) await made.kill()
+      } catch (e) {
+        outcome = { raised: e.constructor.name, message: String(e.message) }
+      }
+      const listed = await Sandbox.list({ query: { metadata: { suite } } }).nextItems()
+      return { ...outcome, listed: listed.length, runs: (await sbx.commands.run('echo ok')).stdout }
+    } finally {
+      await sbx.kill()
+    }
+  },
+
   'sandbox/list-filter-paginate': async () => {
     const suite = crypto.randomUUID().replace(/-/g, '').slice(0, 12)
     const made = []

@@ -186,6 +186,26 @@ async def _list_order(work: str) -> dict[str, Any]:
             await sbx.kill()
 
 
+@scenario("sandbox/fork-refused")
+async def _fork_refused(work: str) -> dict[str, Any]:
+    """fork(count=2) (clients from 2.34), which this server refuses: the error the caller gets, and nothing made."""
+    suite = uuid.uuid4().hex[:12]
+    sbx = await AsyncSandbox.create(timeout=120, metadata={"suite": suite})
+    try:
+        try:
+            forks = await sbx.fork(count=2)
+            outcome: dict[str, Any] = {"raised": None, "forks": len(forks)}
+            for made in forks:
+                if isinstance(made, AsyncSandbox):
+                    await made.kill()
+        except Exception as exc:  # noqa: BLE001 -- the refusal is the result
+            outcome = {"raised": type(exc).__name__, "message": str(exc)}
+        listed = await AsyncSandbox.list(query=SandboxQuery(metadata={"suite": suite})).next_items()
+        return {**outcome, "listed": len(listed), "runs": (await sbx.commands.run("echo ok")).stdout}
+    finally:
+        await sbx.kill()
+
+
 @scenario("sandbox/idempotent-create")
 async def _idempotent_create(work: str) -> dict[str, Any]:
     """A create repeated with one Idempotency-Key (clients from 2.61) is one sandbox."""
