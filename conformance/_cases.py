@@ -300,7 +300,6 @@ CASES: tuple[Case, ...] = (
     ),
     _envd("commands/exit-code", ALL, (START,), checks.envd_exit_code),
     _envd("commands/ordering", ("py-sync",), (START,), checks.envd_ordering),
-    _envd("commands/sudo", ALL, (START,), checks.envd_sudo),
     _envd(
         "commands/background-connect",
         ALL,
@@ -391,6 +390,12 @@ CASES: tuple[Case, ...] = (
         ),
     ),
     _envd(
+        "files/symlink",
+        ALL,
+        (UPLOAD, "envd.process.Start", "envd.filesystem.ListDir", "envd.filesystem.Stat"),
+        checks.envd_symlink,
+    ),
+    _envd(
         "files/make-dir-rename-remove",
         ALL,
         (UPLOAD, DOWNLOAD, "envd.filesystem.MakeDir", "envd.filesystem.Move", "envd.filesystem.Remove"),
@@ -476,6 +481,7 @@ CASES: tuple[Case, ...] = (
         sandbox_checks.sandbox_list_order,
         since="2.45.0",
     ),
+    _sandbox("sandbox/sudo", ALL, ("envd.process.Start",), sandbox_checks.sandbox_sudo),
     _sandbox(
         "sandbox/fork-refused",
         ALL,

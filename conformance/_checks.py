@@ -28,8 +28,26 @@ def envd_exit_code(r: dict[str, Any], work: str) -> None:
     assert r == {"raised": True, "exit_code": 3, "stdout": "partial\n", "stderr": "failing\n"}
 
 
-def envd_sudo(r: dict[str, Any], work: str) -> None:
-    assert (r["stdout"], r["exit_code"]) == ("root\nuser\n", 0), f"sudo as the default user gave {r!r}"
+# The first release of each client that shows a symlink as one (it reads EntryInfo.is_symlink, the
+# newest contract's field); an older client shows the target's type, as every envd has sent it.
+READS_IS_SYMLINK = {"python": (2, 55)}  # npm e2b, up to 2.51 at least, reads no isSymlink
+
+
+def envd_symlink(r: dict[str, Any], work: str) -> None:
+    since = READS_IS_SYMLINK.get(r["client"])
+    marked = since is not None and tuple(int(p) for p in r["client_version"].split(".")[:2]) >= since
+    target = f"{work}/links/file.txt"
+    link = {"type": "symlink" if marked else "file", "target": target}
+    assert r["info"] == link, f"get_info of a symlink to a file gave {r['info']!r}, not {link!r}"
+    assert r["listed"]["to-file"] == link, f"list showed the symlink as {r['listed']['to-file']!r}, not {link!r}"
+    plain = r["listed"]["file.txt"]
+    assert plain == {"type": "file", "target": None}, f"a plain file listed as {plain!r}"
+    # A dangling link has no target type (every client leaves an entry of no type out of a listing);
+    # its own path stands for the target.
+    assert "dangling" not in r["listed"], f"a dangling symlink listed as {r['listed']['dangling']!r}"
+    dangling = {"type": "symlink" if marked else None, "target": f"{work}/links/dangling"}
+    got = r["dangling_info"]
+    assert got == dangling, f"get_info of a dangling symlink gave {got!r}, not {dangling!r}"
 
 
 def envd_ordering(r: dict[str, Any], work: str) -> None:

@@ -396,6 +396,10 @@ def sandbox_list_order(r: dict[str, Any], work: str) -> None:
     assert r["other_template"] == [], f"a template nothing was made from listed {r['other_template']}"
 
 
+def sandbox_sudo(r: dict[str, Any], work: str) -> None:
+    assert (r["stdout"], r["exit_code"]) == ("root\nuser\n", 0), f"sudo as the default user gave {r!r}"
+
+
 def sandbox_fork_refused(r: dict[str, Any], work: str) -> None:
     # The clients map a 501 to their generic SandboxException / SandboxError, with the server's message.
     assert r["raised"] in ("SandboxException", "SandboxError"), f"fork(count=2) gave {r!r}, not the 501 refusal"

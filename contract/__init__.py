@@ -10,7 +10,10 @@ Everything here is derived from four pinned registry artifacts (see
 - ``derived/inventory.json``: every public operation with a stable id and SDK entry points;
 - ``_fields``: every request field of those operations (queries, JSON bodies, Connect message
   fields, headers), enumerated from the documents above;
-- ``manifest.json``: versions and digests of all of the above.
+- ``manifest.json``: versions and digests of all of the above;
+- ``newest/``: the newest tuple (``newest/upstream.lock.json``): the newest Python client's envd
+  descriptors, a checked superset of the pinned ones, from which ``generated/`` is made
+  (``_newest``).
 
 Exceptions (see ``_errors``)::
 

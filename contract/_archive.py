@@ -42,6 +42,9 @@ class ArtifactFiles:
     def names(self) -> list[str]:
         return sorted(self._files)
 
+    def has(self, name: str) -> bool:
+        return name in self._files
+
     def read(self, name: str) -> bytes:
         try:
             return self._files[name]

@@ -8,8 +8,9 @@ Outputs, relative to the contract folder::
     derived/interpreter.json             Code Interpreter routes and NDJSON message types
     derived/envd.descriptor-set.binpb    process + filesystem FileDescriptorSet
     derived/inventory.json               every public operation, with entry points
-    generated/                           protoc + Connect output for the descriptor set
+    generated/                           protoc + Connect output for the newest descriptor set
     manifest.json                        versions, digests of inputs and outputs
+    newest/derived/, newest/manifest.json  the newest tuple's envd descriptors (``_newest``)
 
 Control plane and envd HTTP come from the JS client's declarations (the complete
 image of their OpenAPI documents); the Python client's generated modules must agree
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _entrypoints as ep
+from . import _newest
 from ._archive import ArtifactFiles
 from ._errors import ExtractionError
 from ._fetch import ArtifactStore
@@ -47,7 +49,7 @@ CONTRACT_DIR = Path(__file__).parent
 DERIVED = "derived"
 GENERATED = "generated"
 MANIFEST = "manifest.json"
-HAND_KEPT = ("upstream.lock.json", "operation_ids.json", "supplement.json")
+HAND_KEPT = ("upstream.lock.json", "operation_ids.json", "supplement.json", "newest/upstream.lock.json")
 TOOLCHAIN = (
     "grpcio-tools",
     "protobuf",
@@ -418,9 +420,11 @@ def generate(out: Path, store: ArtifactStore | None = None, contract_dir: Path =
     lock = load_lock(contract_dir / "upstream.lock.json")
     names = json.loads((contract_dir / "operation_ids.json").read_text(encoding="utf-8"))
     supplement = json.loads((contract_dir / "supplement.json").read_text(encoding="utf-8"))
-    src = load_sources(store or ArtifactStore(), lock)
+    store = store or ArtifactStore()
+    src = load_sources(store, lock)
 
     fds = descriptor_set(src.py)
+    newest = _newest.derive(fds, store, contract_dir)  # a superset of fds, or an ExtractionError
     procs = procedures(fds)
     docs, python_ops = rest_documents(src, names)
     interp = interpreter_surface(src.py_interpreter, src.js_interpreter)
@@ -438,17 +442,26 @@ def generate(out: Path, store: ArtifactStore | None = None, contract_dir: Path =
     files: dict[str, bytes] = {f"{DERIVED}/{_FILES[s]}": _dump(d) for s, d in docs.items()}
     files[f"{DERIVED}/interpreter.json"] = _dump(interp)
     files[f"{DERIVED}/inventory.json"] = _dump(inv)
-    descriptor_bytes = fds.SerializeToString(deterministic=True)
-    files[f"{DERIVED}/envd.descriptor-set.binpb"] = descriptor_bytes
+    files[f"{DERIVED}/envd.descriptor-set.binpb"] = fds.SerializeToString(deterministic=True)
+    newest_bytes = newest.descriptors.SerializeToString(deterministic=True)
+    newest_files = {
+        _newest.DESCRIPTORS: newest_bytes,
+        _newest.ADDITIONS: _newest.dump(_newest.additions_document(newest)),
+    }
+    files.update(newest_files)
     for rel, data in files.items():
         target = out / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
+    # The code the server and agent run is the newest superset's: the pinned clients skip what they predate.
     with tempfile.TemporaryDirectory() as tmp:
         descriptor_file = Path(tmp) / "envd.binpb"
-        descriptor_file.write_bytes(descriptor_bytes)
-        for path in generate_code(descriptor_file, fds, out / GENERATED):
+        descriptor_file.write_bytes(newest_bytes)
+        for path in generate_code(descriptor_file, newest.descriptors, out / GENERATED):
             files[path.relative_to(out).as_posix()] = path.read_bytes()
+    lock_digest = _sha256((contract_dir / _newest.LOCK).read_bytes())
+    newest_manifest = _newest.manifest(newest, lock_digest, {rel: _sha256(data) for rel, data in newest_files.items()})
+    (out / _newest.MANIFEST).write_bytes(_newest.dump(newest_manifest))
 
     manifest = {
         "schema": 1,

@@ -14,16 +14,17 @@ from pathlib import Path
 
 from google.protobuf import descriptor_pb2, text_format
 
+from . import _newest
 from ._derive import CONTRACT_DIR, DERIVED, GENERATED, MANIFEST, generate
 from ._errors import DriftError
 from ._fetch import ArtifactStore
 
-OUTPUTS = (DERIVED, GENERATED, MANIFEST)
+OUTPUTS = (DERIVED, GENERATED, MANIFEST, f"{_newest.NEWEST}/derived", _newest.MANIFEST)
 _MAX_DIFF_LINES = 80
 
 
 def output_files(root: Path) -> dict[str, Path]:
-    """Every generated file below ``root`` (derived/, generated/, manifest.json), by relative path."""
+    """Every generated file below ``root`` (derived/, generated/, manifest.json, newest/'s), by relative path."""
     found: dict[str, Path] = {}
     for name in OUTPUTS:
         target = root / name

@@ -39,7 +39,7 @@ class Artifact:
     filename: str
     sha256: str
     integrity: str | None
-    source: str
+    source: str | None  # the key of its source commit; None in a lock that records none
 
     @property
     def spec(self) -> str:
@@ -90,8 +90,9 @@ def parse_lock(data: dict[str, Any]) -> Lock:
         integrity = raw.get("integrity")
         if registry == "npm" and (not isinstance(integrity, str) or not _SRI512.match(integrity)):
             raise LockFileError(f"{where}: npm artifacts need a sha512 'integrity' value")
-        source = _field(raw, "source", where)
-        if source not in sources:
+        # A lock with no sources (the newest tuple: its releases record no commit) names none.
+        source = _field(raw, "source", where) if sources or "source" in raw else None
+        if source is not None and source not in sources:
             raise LockFileError(f"{where}: unknown source {source!r}")
         artifacts[key] = Artifact(
             key=key,

@@ -76,7 +76,7 @@ def read_metadata(path: str) -> dict[str, str]:
 
 
 def entry_info(path: str, users: UserDatabase, listed_path: str | None = None) -> pb.EntryInfo:
-    """EntryInfo from ``lstat(path)``; a symlink reports its fully resolved target's type and mode."""
+    """EntryInfo from ``lstat(path)``; a symlink has ``is_symlink`` and its fully resolved target's type and mode."""
     info = os.lstat(path)
     entry = pb.EntryInfo(
         name=wire_text(os.path.basename(path.rstrip("/")) or "/"),
@@ -92,6 +92,8 @@ def entry_info(path: str, users: UserDatabase, listed_path: str | None = None) -
         entry.modified_time.CopyFrom(stamp)
     target_mode: int | None = info.st_mode
     if stat.S_ISLNK(info.st_mode):
+        # The link itself is marked (newer clients show it as a symlink); ``type`` is its target's.
+        entry.is_symlink = True
         try:
             resolved = os.path.realpath(path, strict=True)
             target_mode = os.stat(resolved).st_mode

@@ -43,6 +43,7 @@ def committed_copy(tmp_path: Path) -> Path:
         if source.is_dir():
             shutil.copytree(source, copy / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)  # newest/ holds a hand-kept lock
             shutil.copy2(source, copy / name)
     return copy
 
@@ -79,6 +80,16 @@ def test_changed_descriptor_is_reported_as_readable_text(fresh: Path, committed_
     report = compare(fresh, committed_copy)
     assert "changed: derived/envd.descriptor-set.binpb" in report
     assert "+      server_streaming: true" in report
+
+
+def test_a_changed_newest_tuple_is_drift_too(fresh: Path, committed_copy: Path) -> None:
+    path = committed_copy / "newest" / "derived" / "envd-additions.json"
+    data = json.loads(path.read_text())
+    data["additions"] = data["additions"][:1]
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    report = compare(fresh, committed_copy)
+    assert "changed: newest/derived/envd-additions.json" in report
+    assert '+    "field filesystem.EntryInfo.is_symlink = 12"' in report
 
 
 def test_check_raises_on_drift_and_names_the_files(store: ArtifactStore, committed_copy: Path) -> None:

@@ -37,7 +37,9 @@ def test_manifest_matches_the_lock() -> None:
 
 def test_manifest_fingerprints_every_output_and_input() -> None:
     manifest = _manifest()
-    files = {rel: p for rel, p in output_files(CONTRACT_DIR).items() if rel != "manifest.json"}
+    # Each manifest is derived from the rest; the newest tuple's has a test of its own (test_newest).
+    manifests = ("manifest.json", "newest/manifest.json")
+    files = {rel: p for rel, p in output_files(CONTRACT_DIR).items() if rel not in manifests}
     assert set(manifest["derived"]) == set(files)
     for rel, path in files.items():
         assert manifest["derived"][rel] == hashlib.sha256(path.read_bytes()).hexdigest(), rel

@@ -24,6 +24,16 @@ def test_serialized_descriptor_is_read_from_the_literal() -> None:
     assert serialized_descriptor(source, "demo_pb2.py") == proto.SerializeToString()
 
 
+def test_serialized_descriptor_is_read_from_the_newer_plugin_s_file_desc_call() -> None:
+    """Wheels from 2.35 on generate ``<name>_pb.py``, passing the same bytes to ``file_desc``."""
+    proto = descriptor_pb2.FileDescriptorProto(name="demo/demo.proto", package="demo")
+    source = (
+        "from protobuf._codegen import file_desc\n"
+        f"_DESC = file_desc(\n    {proto.SerializeToString()!r},\n    [],\n    {{}},\n)\n"
+    )
+    assert serialized_descriptor(source, "demo_pb.py") == proto.SerializeToString()
+
+
 def test_module_without_a_descriptor_is_an_error() -> None:
     with pytest.raises(ExtractionError, match="expected one serialized descriptor, found 0"):
         serialized_descriptor("x = 1\n", "empty_pb2.py")
@@ -51,11 +61,14 @@ def test_procedures() -> None:
     )
 
 
-def test_generated_messages_match_the_descriptor_set() -> None:
+def test_generated_messages_match_the_newest_descriptor_set() -> None:
+    """The code the server runs is the newest tuple's superset (``contract._newest``)."""
     from contract.generated.filesystem import filesystem_pb2
     from contract.generated.process import process_pb2
 
-    committed = {f.name: f for f in _committed_set().file}
+    newest = descriptor_pb2.FileDescriptorSet()
+    newest.ParseFromString((CONTRACT_DIR / "newest" / "derived" / "envd.descriptor-set.binpb").read_bytes())
+    committed = {f.name: f for f in newest.file}
     for module in (process_pb2, filesystem_pb2):
         proto = descriptor_pb2.FileDescriptorProto()
         module.DESCRIPTOR.CopyToProto(proto)

@@ -95,7 +95,7 @@ def test_the_kernel_inside_is_gvisors_and_refusals_hold(backend: GvisorBackend, 
         assert shell(host, attempt)[0] != 0, f"{attempt!r} succeeded inside the sandbox"
     assert shell(host, "python3 -c 'import threading; t = threading.Thread(target=print); t.start(); t.join()'")[0] == 0
     # The host's view of the sandbox's files is nosuid, nodev; inside, setuid never raises privileges,
-    # but for gVisor's own reason (no_new_privs always set: the known failure envd/commands/sudo).
+    # but for gVisor's own reason (no_new_privs always set: the known failure sandbox/lifecycle/sudo).
     rootfs = f"{state_dir}/sandboxes/gk1/bundle/rootfs"
     mount = next(line for line in Path("/proc/mounts").read_text().splitlines() if line.split()[1] == rootfs)
     assert {"nosuid", "nodev"} <= set(mount.split()[3].split(","))

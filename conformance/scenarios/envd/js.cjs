@@ -20,16 +20,6 @@ const scenarios = {
     }
     return { raised: false }
   },
-  'commands/sudo': async (sbx) => {
-    // The default user's sudo (a setuid program): root through it, the user without it.
-    try {
-      const result = await sbx.commands.run('sudo -n id -un && id -un')
-      return { stdout: result.stdout, stderr: result.stderr, exit_code: result.exitCode }
-    } catch (e) {
-      if (!(e instanceof CommandExitError)) throw e
-      return { stdout: e.stdout, stderr: e.stderr, exit_code: e.exitCode }
-    }
-  },
   'commands/stdin': async (sbx) => {
     const handle = await sbx.commands.run('cat', { background: true, stdin: true })
     const listed = (await sbx.commands.list()).some((p) => p.pid === handle.pid)
@@ -118,6 +108,21 @@ const scenarios = {
       info: { name: info.name, type: info.type, size: info.size, mode: info.mode, permissions: info.permissions, path: info.path },
       exists: await sbx.files.exists(`${work}/tree/top.txt`),
       exists_missing: await sbx.files.exists(`${work}/nope`),
+    }
+  },
+  // A symlink as the client lists and stats it: its target's type (this client reads no isSymlink), its target's path.
+  'files/symlink': async (sbx, work) => {
+    await sbx.files.write(`${work}/links/file.txt`, 'target')
+    await sbx.commands.run(`ln -sfn ${work}/links/file.txt ${work}/links/to-file && ln -sfn ${work}/links/gone ${work}/links/dangling`)
+    const shown = (entry) => ({ type: entry.type ?? null, target: entry.symlinkTarget ?? null })
+    const listed = Object.fromEntries((await sbx.files.list(`${work}/links`)).map((e) => [e.name, shown(e)]))
+    return {
+      client: 'npm',
+      client_version: require('e2b/package.json').version,
+      listed,
+      info: shown(await sbx.files.getInfo(`${work}/links/to-file`)),
+      dangling_info: shown(await sbx.files.getInfo(`${work}/links/dangling`)),
+      work,
     }
   },
   'files/make-dir-rename-remove': async (sbx, work) => {

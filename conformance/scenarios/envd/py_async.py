@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib.metadata
 import json
 import os
 import sys
@@ -47,16 +48,6 @@ async def _exit_code(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
     except CommandExitException as exc:
         return {"raised": True, "exit_code": exc.exit_code, "stdout": exc.stdout, "stderr": exc.stderr}
     return {"raised": False}
-
-
-@scenario("commands/sudo")
-async def _sudo(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
-    """The default user's ``sudo`` (a setuid program): root through it, the user without it."""
-    try:
-        result = await sbx.commands.run("sudo -n id -un && id -un")
-    except CommandExitException as exc:
-        return {"stdout": exc.stdout, "stderr": exc.stderr, "exit_code": exc.exit_code}
-    return {"stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code}
 
 
 @scenario("commands/background-connect")
@@ -196,6 +187,28 @@ async def _list(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
         },
         "exists": await sbx.files.exists(f"{work}/tree/top.txt"),
         "exists_missing": await sbx.files.exists(f"{work}/nope"),
+    }
+
+
+@scenario("files/symlink")
+async def _symlink(sbx: AsyncSandbox, work: str) -> dict[str, Any]:
+    """A symlink as the client lists and stats it: the link marked (clients from 2.55), its target's path."""
+    await sbx.files.write(f"{work}/links/file.txt", "target")
+    links = f"{work}/links"
+    await sbx.commands.run(f"ln -sfn {links}/file.txt {links}/to-file && ln -sfn {links}/gone {links}/dangling")
+    listed = {e.name: e for e in await sbx.files.list(f"{work}/links")}
+    info = await sbx.files.get_info(f"{work}/links/to-file")
+
+    def shown(entry: Any) -> dict[str, Any]:
+        return {"type": entry.type.value if entry.type else None, "target": entry.symlink_target}
+
+    return {
+        "client": "python",
+        "client_version": importlib.metadata.version("e2b"),  # from 2.55 it reads is_symlink
+        "listed": {name: shown(entry) for name, entry in listed.items()},
+        "info": shown(info),
+        "dangling_info": shown(await sbx.files.get_info(f"{links}/dangling")),
+        "work": work,
     }
 
 

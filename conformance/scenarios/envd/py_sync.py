@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import copy
 import hashlib
+import importlib.metadata
 import io
 import json
 import os
@@ -50,16 +51,6 @@ def _exit_code(sbx: Sandbox, work: str) -> dict[str, Any]:
     except CommandExitException as exc:
         return {"raised": True, "exit_code": exc.exit_code, "stdout": exc.stdout, "stderr": exc.stderr}
     return {"raised": False}
-
-
-@scenario("commands/sudo")
-def _sudo(sbx: Sandbox, work: str) -> dict[str, Any]:
-    """The default user's ``sudo`` (a setuid program): root through it, the user without it."""
-    try:
-        result = sbx.commands.run("sudo -n id -un && id -un")
-    except CommandExitException as exc:
-        return {"stdout": exc.stdout, "stderr": exc.stderr, "exit_code": exc.exit_code}
-    return {"stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code}
 
 
 @scenario("commands/ordering")
@@ -283,6 +274,28 @@ def _list(sbx: Sandbox, work: str) -> dict[str, Any]:
         "exists": sbx.files.exists(f"{work}/tree/top.txt"),
         "exists_missing": sbx.files.exists(f"{work}/nope"),
         "missing_error": missing,
+    }
+
+
+@scenario("files/symlink")
+def _symlink(sbx: Sandbox, work: str) -> dict[str, Any]:
+    """A symlink as the client lists and stats it: the link marked (clients from 2.55), its target's path."""
+    sbx.files.write(f"{work}/links/file.txt", "target")
+    links = f"{work}/links"
+    sbx.commands.run(f"ln -sfn {links}/file.txt {links}/to-file && ln -sfn {links}/gone {links}/dangling")
+    listed = {e.name: e for e in sbx.files.list(f"{work}/links")}
+    info = sbx.files.get_info(f"{work}/links/to-file")
+
+    def shown(entry: Any) -> dict[str, Any]:
+        return {"type": entry.type.value if entry.type else None, "target": entry.symlink_target}
+
+    return {
+        "client": "python",
+        "client_version": importlib.metadata.version("e2b"),  # from 2.55 it reads is_symlink
+        "listed": {name: shown(entry) for name, entry in listed.items()},
+        "info": shown(info),
+        "dangling_info": shown(sbx.files.get_info(f"{links}/dangling")),
+        "work": work,
     }
 
 

@@ -7,7 +7,7 @@
 'use strict'
 
 const crypto = require('node:crypto')
-const { Sandbox, NotFoundError, SandboxError, AuthenticationError, Template, BuildError, waitForPort } = require('e2b')
+const { Sandbox, NotFoundError, SandboxError, AuthenticationError, Template, BuildError, CommandExitError, waitForPort } = require('e2b')
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 
@@ -222,6 +222,20 @@ const scenarios = {
       }
     } finally {
       for (const sbx of made) await sbx.kill()
+    }
+  },
+
+  // The default user's sudo (a setuid program) in a sandbox of the default template: root through it.
+  'sandbox/sudo': async () => {
+    const sbx = await Sandbox.create({ timeoutMs: 120000 })
+    try {
+      const result = await sbx.commands.run('sudo -n id -un && id -un')
+      return { stdout: result.stdout, stderr: result.stderr, exit_code: result.exitCode }
+    } catch (e) {
+      if (!(e instanceof CommandExitError)) throw e
+      return { stdout: e.stdout, stderr: e.stderr, exit_code: e.exitCode }
+    } finally {
+      await sbx.kill()
     }
   },
 

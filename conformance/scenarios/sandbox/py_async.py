@@ -29,6 +29,7 @@ from e2b import (
     AsyncTemplate,
     AuthenticationException,
     BuildException,
+    CommandExitException,
     NotFoundException,
     SandboxException,
     SandboxQuery,
@@ -184,6 +185,20 @@ async def _list_order(work: str) -> dict[str, Any]:
     finally:
         for sbx in made:
             await sbx.kill()
+
+
+@scenario("sandbox/sudo")
+async def _sudo(work: str) -> dict[str, Any]:
+    """The default user's ``sudo`` (a setuid program) in a sandbox of the default template: root through it."""
+    sbx = await AsyncSandbox.create(timeout=120)
+    try:
+        try:
+            result = await sbx.commands.run("sudo -n id -un && id -un")
+        except CommandExitException as exc:
+            return {"stdout": exc.stdout, "stderr": exc.stderr, "exit_code": exc.exit_code}
+        return {"stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code}
+    finally:
+        await sbx.kill()
 
 
 @scenario("sandbox/fork-refused")

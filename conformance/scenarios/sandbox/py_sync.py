@@ -26,6 +26,7 @@ import httpx
 from e2b import (
     AuthenticationException,
     BuildException,
+    CommandExitException,
     NotFoundException,
     Sandbox,
     SandboxException,
@@ -175,6 +176,20 @@ def _list_order(work: str) -> dict[str, Any]:
     finally:
         for sbx in made:
             sbx.kill()
+
+
+@scenario("sandbox/sudo")
+def _sudo(work: str) -> dict[str, Any]:
+    """The default user's ``sudo`` (a setuid program) in a sandbox of the default template: root through it."""
+    sbx = Sandbox.create(timeout=120)
+    try:
+        try:
+            result = sbx.commands.run("sudo -n id -un && id -un")
+        except CommandExitException as exc:
+            return {"stdout": exc.stdout, "stderr": exc.stderr, "exit_code": exc.exit_code}
+        return {"stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code}
+    finally:
+        sbx.kill()
 
 
 @scenario("sandbox/fork-refused")

@@ -354,9 +354,12 @@ def test_listing_edge_cases(agent: Agent, tmp_path: Path) -> None:
     assert "\ufffd" in entries, "a name that is not UTF-8 is reported, lossily, instead of failing the listing"
     link = entries["link"]
     assert (link.type, link.symlink_target, link.permissions[0]) == (fpb.FILE_TYPE_DIRECTORY, str(tmp_path / "d"), "L")
+    assert link.is_symlink, "the link itself is marked (the newest contract's field), its type is its target's"
+    assert not entries["d"].is_symlink
+    assert not entries["d"].HasField("symlink_target")
     assert str(tmp_path / "link" / "f") not in [e.path for e in entries.values()], "symlinks are not descended"
     dangling = entries["dangling"]
-    assert (dangling.type, dangling.mode) == (fpb.FILE_TYPE_UNSPECIFIED, 0)
+    assert (dangling.type, dangling.mode, dangling.is_symlink) == (fpb.FILE_TYPE_UNSPECIFIED, 0, True)
     assert [e.path for e in fs.list_dir(fpb.ListDirRequest(path=str(tmp_path / "link"))).entries] == [
         str(tmp_path / "link" / "f")
     ], "listing through a symlinked root keeps the requested path"

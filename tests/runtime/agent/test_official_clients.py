@@ -11,7 +11,7 @@ import pytest
 
 from conformance._cases import Case, cases
 from conformance._scenarios import ScenarioRunner
-from tests.clients import runner_for
+from tests.clients import newest, runner_for
 
 from .conftest import Agent
 
@@ -26,6 +26,18 @@ def test_scenario(scenario: ScenarioRunner, flavour: str, case: Case) -> None:
     scenario = runner_for(scenario, flavour, case)  # the newest clients for a case newer than the pinned
     result = scenario(flavour, case.scenario)
     case.check(result, scenario.work(flavour, case.scenario))
+
+
+@pytest.mark.parametrize("flavour", ["py-sync", "py-async", "js"])
+def test_a_symlink_is_shown_as_one_by_the_newest_clients_that_read_is_symlink(
+    scenario: ScenarioRunner, flavour: str
+) -> None:
+    """The newest contract's ``is_symlink``, as the newest clients read it (Python from 2.55; npm reads none)."""
+    case = next(c for c in cases("envd") if c.scenario == "files/symlink")
+    runner = newest(scenario)
+    result = runner(flavour, case.scenario)
+    case.check(result, runner.work(flavour, case.scenario))
+    assert result["info"]["type"] == ("file" if flavour == "js" else "symlink")
 
 
 def test_large_file_is_streamed_both_ways(scenario: ScenarioRunner, agent: Agent) -> None:
