@@ -113,9 +113,8 @@ def ensure_pool(image: Path, mount_point: Path, say: Callable[[str], None]) -> N
     if not _hostfs.is_mount(str(mount_point)):
         say(f"mounting the docker pool {image} on {mount_point}")
         _hostfs.run("mount", "-o", MOUNT_OPTIONS, str(image), str(mount_point))
-    elif "nosuid" not in _hostfs.mount_options(str(mount_point)):  # mounted before the pool was nosuid
-        say(f"making the host's mount of the docker pool {mount_point} nosuid")
-        _hostfs.run("mount", "-o", "remount,bind,nosuid,nodev", str(mount_point))
+    else:
+        _hostfs.ensure_nosuid(str(mount_point))  # mounted before the pool was nosuid
     wanted = pool_bytes(image.parent) if os.environ.get(POOL_SIZE_VARIABLE, "").strip() else 0
     if wanted > image.stat().st_size:
         say(f"growing the docker pool to {wanted // _GIB} GiB")

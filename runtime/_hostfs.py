@@ -68,6 +68,15 @@ def with_setuid_root(rootfs: Path, argv: list[str], *, propagation: str = "priva
     return [*own, "sh", "-c", SUID_ROOT_SCRIPT, "sh", str(rootfs), *argv]
 
 
+def ensure_nosuid(mount_point: str) -> None:
+    """The host's view at ``mount_point`` is nosuid and nodev (one mounted by an earlier version may not be).
+
+    A bind remount changes this one view: a container made from it holds views of its own.
+    """
+    if not {"nosuid", "nodev"} <= mount_options(mount_point):
+        run("mount", "-o", "remount,bind,nosuid,nodev", mount_point)
+
+
 def ensure_shared(folder: Path) -> None:
     """``folder`` is a shared mount (a bind of itself): what is mounted under it reaches its slaves."""
     folder.mkdir(mode=0o711, parents=True, exist_ok=True)

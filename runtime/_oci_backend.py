@@ -849,8 +849,10 @@ class OciBackend:
             raise _UnrecoverableError(f"unknown state {record.state!r} on record") from None
         status = self._runtime.status(record.container) if record.container else None
         alive = status in ("running", "paused")
-        mounted = _hostfs.is_mount(str(self._home(record.sandbox_id) / "bundle" / "rootfs"))
+        rootfs = str(self._home(record.sandbox_id) / "bundle" / "rootfs")
+        mounted = _hostfs.is_mount(rootfs)
         if state in (State.RUNNING, State.PAUSED) and alive and mounted:
+            _hostfs.ensure_nosuid(rootfs)  # mounted by a version before the host's view was nosuid
             return False
         lost = state in (State.RUNNING, State.PAUSED)
         if record.container is not None:  # dead, or alive on a root that is gone: its processes end here
@@ -939,6 +941,7 @@ class OciBackend:
         home = self._home(record.sandbox_id)
         rootfs = home / "bundle" / "rootfs"
         if _hostfs.is_mount(str(rootfs)):
+            _hostfs.ensure_nosuid(str(rootfs))  # mounted by a version before the host's view was nosuid
             return
         rootfs.mkdir(parents=True, exist_ok=True)
         record.mounted = True

@@ -21,8 +21,9 @@ def test_a_clean_exit_gives_the_last_result_line() -> None:
     assert parse(proc(0, "noise\n" + RESULT, DONE), "x") == {"raised": "TimeoutException"}
 
 
-def test_an_abort_after_the_done_trace_and_the_result_is_a_finished_run() -> None:
-    aborted = proc(-signal.SIGABRT, RESULT, DONE + "Fatal Python error: Aborted\n\n  <no Python frame>\n")
+@pytest.mark.parametrize("crash", [-signal.SIGABRT, -signal.SIGSEGV])
+def test_an_abort_after_the_done_trace_and_the_result_is_a_finished_run(crash: int) -> None:
+    aborted = proc(crash, RESULT, DONE + "Fatal Python error: Aborted\n\n  <no Python frame>\n")
     assert parse(aborted, "x") == {"raised": "TimeoutException"}
 
 
@@ -32,7 +33,9 @@ def test_an_abort_after_the_done_trace_and_the_result_is_a_finished_run() -> Non
         (-signal.SIGABRT, RESULT, "py-async:envd/commands/timeout:start\n", "aborted before its done trace"),
         (-signal.SIGABRT, RESULT + "half a line", DONE, "the result is not the last output"),
         (-signal.SIGABRT, "", DONE, "no result at all"),
-        (-signal.SIGSEGV, RESULT, DONE, "any other signal is a crash"),
+        (-signal.SIGSEGV, RESULT, "py-async:envd/commands/timeout:start\n", "a segfault before its done trace"),
+        (-signal.SIGBUS, RESULT, DONE, "any other signal is a crash"),
+        (-signal.SIGKILL, RESULT, DONE, "killed"),
         (1, RESULT, DONE, "a failing exit status"),
         (0, "no json here\n", DONE, "a clean exit without a result"),
     ],

@@ -21,7 +21,7 @@ import pytest
 from contract.generated.filesystem import filesystem_connect
 from contract.generated.filesystem import filesystem_pb2 as fpb
 from contract.protocol import ENVD_PORT
-from runtime import _idranges, _oci
+from runtime import _hostfs, _idranges, _oci
 from runtime.backend import Limits, SandboxSpec
 from runtime.crun import CrunBackend
 
@@ -123,6 +123,17 @@ def test_setuid_works_inside_while_the_hosts_view_ignores_it(backend: CrunBacken
     program = rootfs / "usr" / "local" / "bin" / "suid-id"
     assert program.stat().st_mode & 0o4000, "the bit is there on the host side"
     assert uid_when_run_from_the_host(program) == "65534", "the host's view ignores the bit"
+
+
+def test_reconcile_makes_an_earlier_version_s_setuid_host_view_nosuid(backend: CrunBackend, state_dir: Path) -> None:
+    host = started(backend, "ksuid2")
+    rootfs = str(state_dir / "sandboxes" / "ksuid2" / "bundle" / "rootfs")
+    _hostfs.run("mount", "-o", "remount,bind,suid,nodev", rootfs)  # as an earlier version mounted it
+    assert "nosuid" not in _hostfs.mount_options(rootfs)
+    report = run(CrunBackend(state_dir).reconcile())
+    assert "ksuid2" in report.adopted
+    assert {"nosuid", "nodev"} <= _hostfs.mount_options(rootfs)
+    assert shell(host, "su user -c 'sudo -n id -u'")[1] == b"0\n", "the running sandbox's own view keeps setuid"
 
 
 def test_a_sandbox_cannot_use_up_inotify_for_others_or_the_host(backend: CrunBackend) -> None:

@@ -115,6 +115,7 @@ def no_host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(_hostfs, "is_mount", lambda path: path.rstrip("/") in mounted)
     monkeypatch.setattr(_hostfs, "mount_sysfs", nothing)
     monkeypatch.setattr(_hostfs, "with_setuid_root", lambda rootfs, argv: argv)  # no mount to make setuid
+    monkeypatch.setattr(_hostfs, "ensure_nosuid", nothing)
     monkeypatch.setattr(_disk, "ensure", ensure_disk)
     monkeypatch.setattr(_disk, "release", nothing)
     monkeypatch.setattr(_oci_backend, "_wait_healthy", healthy)
