@@ -468,17 +468,7 @@ def generate(out: Path, store: ArtifactStore | None = None, contract_dir: Path =
         "full_compatibility": False,
         "versions": {a.key: a.version for a in lock.artifacts.values()},
         "sources": {s.key: {"repository": s.repository, "commit": s.commit} for s in lock.sources.values()},
-        "artifacts": {
-            a.key: {
-                "registry": a.registry,
-                "name": a.name,
-                "version": a.version,
-                "filename": a.filename,
-                "sha256": a.sha256,
-                **({"integrity": a.integrity} if a.integrity else {}),
-            }
-            for a in lock.artifacts.values()
-        },
+        "artifacts": {a.key: a.manifest_entry() for a in lock.artifacts.values()},
         "inputs": {name: _sha256((contract_dir / name).read_bytes()) for name in HAND_KEPT},
         "toolchain": _toolchain(),
         "derived": {rel: _sha256(data) for rel, data in sorted(files.items())},

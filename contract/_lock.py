@@ -41,6 +41,12 @@ class Artifact:
     integrity: str | None
     source: str | None  # the key of its source commit; None in a lock that records none
 
+    def manifest_entry(self) -> dict[str, str]:
+        """How a manifest records the artifact: registry, name, version, file and digests."""
+        entry = {"registry": self.registry, "name": self.name, "version": self.version}
+        entry |= {"filename": self.filename, "sha256": self.sha256}
+        return entry | ({"integrity": self.integrity} if self.integrity else {})
+
     @property
     def spec(self) -> str:
         """The requirement the registry client is asked for (exact version)."""

@@ -35,7 +35,7 @@ from google.protobuf import descriptor_pb2
 from ._archive import ArtifactFiles
 from ._errors import ExtractionError
 from ._fetch import ArtifactStore
-from ._lock import load_lock
+from ._lock import Lock, load_lock
 from ._protobuf import descriptor_set
 
 NEWEST = "newest"
@@ -52,8 +52,7 @@ _FIELD_KEYS = ("number", "type", "label", "type_name", "oneof_index", "proto3_op
 class NewestTuple:
     descriptors: descriptor_pb2.FileDescriptorSet
     additions: list[str]
-    versions: dict[str, str]
-    artifacts: dict[str, dict[str, str]]
+    lock: Lock
 
 
 def _messages(proto: descriptor_pb2.FileDescriptorProto) -> dict[str, descriptor_pb2.DescriptorProto]:
@@ -134,29 +133,14 @@ def derive(pinned: descriptor_pb2.FileDescriptorSet, store: ArtifactStore, contr
     lock = load_lock(contract_dir / LOCK)
     wheel = ArtifactFiles.from_verified(store.open(lock.artifact("py-e2b")))
     newest = descriptor_set(wheel)
-    return NewestTuple(
-        descriptors=newest,
-        additions=additions(pinned, newest),
-        versions={a.key: a.version for a in lock.artifacts.values()},
-        artifacts={
-            a.key: {
-                "registry": a.registry,
-                "name": a.name,
-                "version": a.version,
-                "filename": a.filename,
-                "sha256": a.sha256,
-                **({"integrity": a.integrity} if a.integrity else {}),
-            }
-            for a in lock.artifacts.values()
-        },
-    )
+    return NewestTuple(descriptors=newest, additions=additions(pinned, newest), lock=lock)
 
 
 def additions_document(newest: NewestTuple) -> dict[str, Any]:
     return {
         "comment": "What the newest envd descriptors add to the pinned ones (derived; see contract/_newest.py).",
         "schema": 1,
-        "from": newest.versions["py-e2b"],
+        "from": newest.lock.artifact("py-e2b").version,
         "additions": newest.additions,
     }
 
@@ -164,8 +148,8 @@ def additions_document(newest: NewestTuple) -> dict[str, Any]:
 def manifest(newest: NewestTuple, lock_sha256: str, derived: dict[str, str]) -> dict[str, Any]:
     return {
         "schema": 1,
-        "versions": newest.versions,
-        "artifacts": newest.artifacts,
+        "versions": {a.key: a.version for a in newest.lock.artifacts.values()},
+        "artifacts": {a.key: a.manifest_entry() for a in newest.lock.artifacts.values()},
         "inputs": {LOCK: lock_sha256},
         "derived": derived,
     }

@@ -442,8 +442,9 @@ class DockerBackend:
                 os.close(ns_fd)
 
     def _unmap_volumes(self, record: Record) -> None:
-        if self._views(record).is_dir():
-            _hostfs.remove_tree(self._views(record))  # unmounts each view first; never deletes through one
+        views = self._views(record)
+        if views.is_dir():
+            _hostfs.remove_tree(views)  # unmounts each view first; never deletes through one
 
     def _remap_base(self) -> int:
         """The first host id of the engine's remapped range (container root)."""
