@@ -490,6 +490,13 @@ CASES: tuple[Case, ...] = (
         since="2.35.0",  # Python from 2.34, npm from 2.35
     ),
     _sandbox(
+        "sandbox/mcp",
+        ALL,
+        (*VOLUME_LIFE, "control.sandboxes.connect", "envd.process.Start", UPLOAD),
+        sandbox_checks.sandbox_mcp,
+        fields=on("control.sandboxes.create", "body.mcp"),
+    ),
+    _sandbox(
         "sandbox/idempotent-create",
         ("py-sync", "py-async"),
         ("control.sandboxes.list",),

@@ -408,6 +408,18 @@ def sandbox_fork_refused(r: dict[str, Any], work: str) -> None:
     assert r["runs"] == "ok\n", "the source sandbox is left running"
 
 
+def sandbox_mcp(r: dict[str, Any], work: str) -> None:
+    # The clients build the URL from the sandbox's host for port 50005 and send the token they chose.
+    assert r["host"].startswith("50005-"), f"the MCP host is {r['host']!r}"
+    assert r["url"] == f"https://{r['host']}/mcp", f"the MCP URL is {r['url']!r}"
+    assert r["token_read_back"] is True, "the token read back from the sandbox is not the one the client chose"
+    assert r["refused"] == [401, 401], f"without the token, or with another, the gateway answered {r['refused']}"
+    assert isinstance(r["server"], str), "initialize gave no serverInfo"
+    assert r["server"], "initialize gave a serverInfo without a name"
+    assert r["tools"] == ["echo", "echo-whoami"], f"the gateway offers {r['tools']}, not the github server's tools"
+    assert r["echo"] == ["> hello"], f"tools/call echo gave {r['echo']} (the server's envs set the prefix)"
+
+
 def sandbox_idempotent_create(r: dict[str, Any], work: str) -> None:
     assert r["same"] is True, "a create repeated with its Idempotency-Key made another sandbox"
     assert r["runs"] == "ok\n", f"the repeated create's sandbox ran {r['runs']!r}"

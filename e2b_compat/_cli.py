@@ -6,6 +6,7 @@ Each group registers its own subcommands; a group appears here only once it work
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -128,9 +129,12 @@ def _write_lock(write: Callable[[], Path]) -> int:
 
 
 def _template_lock_kernels(args: argparse.Namespace) -> int:
-    from runtime.templates import write_kernel_lock  # noqa: PLC0415
+    from runtime.templates import WHEEL_LOCKS, write_kernel_lock  # noqa: PLC0415
 
-    return _write_lock(write_kernel_lock)
+    for requirements in WHEEL_LOCKS:
+        if status := _write_lock(functools.partial(write_kernel_lock, requirements)):
+            return status
+    return 0
 
 
 def _template_lock_packages(args: argparse.Namespace) -> int:
@@ -547,12 +551,12 @@ def build_parser() -> argparse.ArgumentParser:
     template.add_argument("--cache", type=Path, default=None, help="cache folder (default: as for contract)")
     template_actions = template.add_subparsers(dest="action", required=True, metavar="ACTION")
     build = template_actions.add_parser("build", help="build a template ahead of time (cached by content)")
-    build.add_argument("name", nargs="?", default="base", choices=["base", "code-interpreter-v1", "os"])
+    build.add_argument("name", nargs="?", default="base", choices=["base", "code-interpreter-v1", "mcp-gateway", "os"])
     build.set_defaults(func=_template_build)
     template_actions.add_parser("list", help="list the built templates").set_defaults(func=_template_list)
     template_actions.add_parser(
         "lock-kernels",
-        help="re-resolve runtime/templates/kernels.in into the hashed lock for this python and machine",
+        help="re-resolve runtime/templates/kernels.in and mcp-gateway.in into hashed locks for this python and machine",
     ).set_defaults(func=_template_lock_kernels)
     template_actions.add_parser(
         "lock-packages",

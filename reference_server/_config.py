@@ -97,7 +97,7 @@ class ServerConfig:
     backend: str = _setting("crun", f"Sandbox backend: {', '.join(BACKENDS)}.")
     default_template: str = _setting("base", "Template of a create request that names none.")
     templates: tuple[str, ...] = _setting(
-        ("base", "code-interpreter-v1"), "Templates built (or found in the cache) at start and served."
+        ("base", "code-interpreter-v1", "mcp-gateway"), "Templates built (or found in the cache) at start and served."
     )
     owner: str = _setting("default", "Owner of the API key made on first start.")
     cpu_count: int = _setting(2, "vCPUs of a sandbox.")

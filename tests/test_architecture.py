@@ -41,6 +41,8 @@ NARROWER: dict[str, frozenset[str]] = {
     # Both run inside sandboxes and talk to each other over HTTP only.
     "runtime.agent": frozenset({"contract"}),
     "runtime.interpreter": frozenset({"contract"}),
+    # Copied into the mcp-gateway template's own environment, where nothing else of ours is.
+    "runtime.mcp_gateway": frozenset(),
 }
 # (importing module, imported part) → why it may.
 EXCEPTIONS: dict[tuple[str, str], str] = {

@@ -25,6 +25,8 @@ from reference_server._idempotency import fingerprint, parse_key
 from reference_server._records import Defaults, NetworkSettings
 from reference_server._requests import check_query, integer_query, list_query, read_json, single
 from reference_server._sandboxes import MAX_PAGE, CreateRequest
+from runtime.mcp_gateway import ConfigError as McpConfigError
+from runtime.mcp_gateway import parse_config as parse_mcp_config
 
 from ._common import (
     Caller,
@@ -63,7 +65,6 @@ __all__ = [
 
 # Features the create and network bodies can ask for that this server does not have: refused
 # with a 400 that says so, rather than accepted and silently not applied.
-MCP_UNAVAILABLE = "MCP gateway is unavailable"
 RULES_UNAVAILABLE = "Network transform rules are unavailable"
 # What the newer clients' create bodies can carry beyond the pinned contract, refused the same way
 # when given (a client leaves each out unless its caller asks for it).
@@ -169,8 +170,13 @@ async def _create(request: Request, caller: Caller, *, default_timeout: int, def
     check_query(request, ())
     key = parse_key(request.headers.get(IDEMPOTENCY_KEY_HEADER))
     body = await read_json(request, "NewSandbox")
-    if body.get("mcp"):
-        raise ApiError(400, MCP_UNAVAILABLE)
+    if body.get("mcp") is not None:
+        # The clients start the gateway themselves, in the sandbox (``runtime.mcp_gateway``); a
+        # configuration it would refuse is refused here, before a sandbox is made for it.
+        try:
+            parse_mcp_config(body["mcp"])
+        except McpConfigError as exc:
+            raise ApiError(400, str(exc)) from None
     network = body.get("network") or {}
     if network.get("rules"):
         raise ApiError(400, RULES_UNAVAILABLE)

@@ -33,6 +33,7 @@ from ._build import (
 from ._commands import TemplateError
 from ._image_refs import ImageError, ImageReference, RegistrySettings, parse_mirror, parse_reference
 from ._images import IMAGE_AGENT, ImageConfig, PulledImage, RegistryCredentials, is_image_template
+from ._kernels import WHEEL_LOCKS
 from ._kernels import write_lock as write_kernel_lock
 from ._keys import AGENT_COMMAND, INTERPRETER_TEMPLATE, base_layer_key, os_layer_key
 from ._mirror import Mirror, find_debian_mirror
@@ -45,6 +46,7 @@ __all__ = [
     "INTERPRETER_TEMPLATE",
     "TEMPLATE_MEMORY_MB",
     "TEMPLATE_NAMES",
+    "WHEEL_LOCKS",
     "ImageConfig",
     "ImageError",
     "ImageReference",

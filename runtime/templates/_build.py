@@ -21,13 +21,11 @@ result, and the holder of the lock removes what killed builds left behind.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
 import platform
 import shutil
-import stat
 import sys
 import tempfile
 import time
@@ -39,10 +37,11 @@ from pathlib import Path
 
 from contract import Artifact, ArtifactStore, default_cache_root
 
-from . import _images, _kernels, _keys, _packages
+from . import _images, _kernels, _keys, _mcp, _packages
 from ._commands import CHROOT_ENV, TemplateError, disk_usage, in_root, remove_tree, replace_file, run
 from ._image_refs import RegistrySettings
 from ._images import PulledImage, RegistryCredentials
+from ._layers import apply_marks, settle_upper
 from ._mirror import Mirror, find_debian_mirror
 from ._progress import Progress, ProgressEvent, default_progress, step
 from ._users import lowers_in_use
@@ -58,7 +57,7 @@ __all__ = [
     "templates_dir",
 ]
 
-TEMPLATE_NAMES = ("os", "base", _keys.INTERPRETER_TEMPLATE)
+TEMPLATE_NAMES = ("os", "base", _keys.INTERPRETER_TEMPLATE, _keys.MCP_TEMPLATE)
 # A template's own memory size, MiB, where it needs more than the server's default: upstream builds
 # its code-interpreter template with 2 GiB, and ours starts five kernels at boot (Python, Deno,
 # IRkernel, a JVM, bash), more than 512 MiB hold; under gVisor, whose sentry owns all of a
@@ -334,8 +333,6 @@ _LANGUAGE_CHECKS = (
     (("jshell", "--version"), "running the JDK's jshell"),
 )
 _OWNER = f"{_keys.USER_ID}:{_keys.USER_ID}"
-_WHITEOUT = 0  # an overlay upper folder marks a removed lower file as a 0:0 character device
-_OPAQUE = "trusted.overlay.opaque"
 
 
 def _check_kernels_as_user(rootfs: Path) -> None:
@@ -345,25 +342,6 @@ def _check_kernels_as_user(rootfs: Path) -> None:
     with _packages.proc_mounted(rootfs):
         for command, what in _LANGUAGE_CHECKS:
             run([*as_user, *command], f"{what} as the sandbox user", env=env)
-
-
-def _settle_upper(upper: Path) -> dict[str, list[str]]:
-    """Turn an overlay upper folder into a plain tree: whiteouts and opaque marks become lists."""
-    deleted: list[str] = []
-    opaque: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(upper):
-        here = Path(dirpath)
-        with contextlib.suppress(OSError):
-            if os.getxattr(here, _OPAQUE, follow_symlinks=False) == b"y":
-                opaque.append("/" + str(here.relative_to(upper)))
-                os.removexattr(here, _OPAQUE, follow_symlinks=False)
-        for name in (*filenames, *dirnames):
-            path = here / name
-            info = os.lstat(path)
-            if stat.S_ISCHR(info.st_mode) and info.st_rdev == _WHITEOUT:
-                deleted.append("/" + str(path.relative_to(upper)))
-                path.unlink()
-    return {"deleted": sorted(deleted), "opaque": sorted(opaque)}
 
 
 def _build_kernels(
@@ -403,27 +381,10 @@ def _build_kernels(
         remove_tree(merged)  # unmounts first
     for leftover in (upper / "tmp").glob("*"):  # the JVM's perf-data folders of the checks
         remove_tree(leftover)
-    marks = _settle_upper(upper)
+    marks = settle_upper(upper)
     remove_tree(work)
     upper.rename(tmp / "rootfs")
     return {"from": os_layer.path.name, "kernel_wheels": wheels, "debian_packages": installed, **marks}
-
-
-def _apply_marks(rootfs: Path, kernels: Template) -> None:
-    """What the kernels layer removed from ``os``, removed from the copy of ``base`` too."""
-    meta = json.loads((kernels.path / METADATA).read_text(encoding="utf-8"))
-    for path in meta.get("deleted", []):
-        target = rootfs / str(path).lstrip("/")
-        if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)
-        else:
-            target.unlink(missing_ok=True)
-    for path in meta.get("opaque", []):  # a folder made anew: only what the layer has stays
-        relative = str(path).lstrip("/")
-        keep = {entry.name for entry in (kernels.rootfs / relative).iterdir()}
-        for entry in (rootfs / relative).iterdir():
-            if entry.name not in keep:
-                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
 
 
 def _build_interpreter(tmp: Path, base: Template, kernels: Template, progress: Progress) -> dict[str, object]:
@@ -431,11 +392,41 @@ def _build_interpreter(tmp: Path, base: Template, kernels: Template, progress: P
     with step(progress, f"copying {base.path.name}, then {kernels.path.name} onto it"):
         run(["cp", "-a", "--reflink=auto", str(base.rootfs), str(rootfs)], "copying the base layer")
         run(["cp", "-a", "--reflink=auto", f"{kernels.rootfs}/.", str(rootfs)], "copying the kernels layer")
-        _apply_marks(rootfs, kernels)
+        apply_marks(rootfs, kernels.rootfs, kernels.path / METADATA)
     with step(progress, "checking the kernels and the interpreter server"):
         _check_kernels_as_user(rootfs)
         in_root(rootfs, [f"{_keys.VENV}/bin/python", "-c", _SERVER_CHECK], "importing the interpreter server")
     return {"from": [base.path.name, kernels.path.name]}
+
+
+def _materialize_mcp(
+    root: Path,
+    *,
+    key: str,
+    recipe: Mapping[str, object],
+    recipe_mcp: Mapping[str, object],
+    lock: bytes,
+    os_layer: Template,
+    base: Template,
+    report: Progress,
+) -> Template:
+    """``mcp-gateway`` (see ``_mcp``), building the ``mcp`` layer first if absent."""
+    layer = _materialize(
+        root,
+        "mcp",
+        _keys.recipe_key(recipe_mcp),
+        recipe=recipe_mcp,
+        agent_command=(),
+        build=lambda tmp: _mcp.build_layer(
+            tmp, os_layer.rootfs, _kernels.ensure_wheelhouse(root.parent, lock, name=_kernels.MCP_LOCK), report
+        ),
+    )
+
+    def build(tmp: Path) -> dict[str, object]:
+        _mcp.build_template(tmp, base.rootfs, layer.rootfs, layer.path / METADATA, report)
+        return {"from": [base.path.name, layer.path.name]}
+
+    return _materialize(root, _keys.MCP_TEMPLATE, key, recipe=recipe, agent_command=_keys.AGENT_COMMAND, build=build)
 
 
 # --- entry point ---
@@ -451,7 +442,8 @@ def ensure_template(
     """The template ``name``, built (with the layers below it) if absent.
 
     ``"base"`` is the agent's template, ``"code-interpreter-v1"`` adds the Jupyter kernels
-    and the interpreter server, ``"os"`` is the bare layer under both. ``repo`` is the
+    and the interpreter server, ``"mcp-gateway"`` the MCP gateway (``_mcp``), ``"os"`` is the
+    bare layer under all of them. ``repo`` is the
     e2b-compat checkout whose code goes into the agent (default: the one
     this package runs from). ``progress`` receives the build's events (default: a spinner
     on a terminal, ``step:`` lines otherwise). Raises ``TemplateError``.
@@ -478,6 +470,10 @@ def ensure_template(
     recipe_kernels = None if lock is None else _keys.kernels_recipe(key_os, lock, packages)
     if recipe_base is not None and recipe_kernels is not None:
         recipe = _keys.interpreter_recipe(_keys.recipe_key(recipe_base), _keys.recipe_key(recipe_kernels))
+    mcp_lock = _kernels.read_lock(_kernels.lock_path(name=_kernels.MCP_LOCK)) if name == _keys.MCP_TEMPLATE else None
+    recipe_mcp = None if mcp_lock is None else _keys.mcp_layer_recipe(key_os, mcp_lock)
+    if recipe_base is not None and recipe_mcp is not None:
+        recipe = _keys.mcp_template_recipe(_keys.recipe_key(recipe_base), _keys.recipe_key(recipe_mcp))
     key = _keys.recipe_key(recipe)
     cached = _load(root / f"{name}-{key[:16]}")
     if cached is not None:
@@ -522,6 +518,17 @@ def ensure_template(
                     recipe=recipe,
                     agent_command=_keys.INTERPRETER_AGENT_COMMAND,
                     build=lambda tmp: _build_interpreter(tmp, base, kernels, report),
+                )
+            if mcp_lock is not None and recipe_mcp is not None:
+                template = _materialize_mcp(
+                    root,
+                    key=key,
+                    recipe=recipe,
+                    recipe_mcp=recipe_mcp,
+                    lock=mcp_lock,
+                    os_layer=os_layer,
+                    base=base,
+                    report=report,
                 )
     report(ProgressEvent(f"template {template.path.name} ready in {time.monotonic() - started:.1f} s", "note"))
     if tree is not None:

@@ -34,6 +34,8 @@ __all__ = [
     "debian_arch",
     "interpreter_recipe",
     "kernels_recipe",
+    "mcp_layer_recipe",
+    "mcp_template_recipe",
     "os_layer_key",
     "os_recipe",
     "read_source_tree",
@@ -45,6 +47,8 @@ OS_RECIPE_VERSION = 1
 BASE_RECIPE_VERSION = 1
 INTERPRETER_RECIPE_VERSION = 3  # 3: the kernels layer's removals applied
 KERNELS_RECIPE_VERSION = 3  # 3: the overlay's upper folder with Debian packages
+MCP_LAYER_RECIPE_VERSION = 1
+MCP_TEMPLATE_RECIPE_VERSION = 1
 
 SUITE = "bookworm"
 VARIANT = "minbase"
@@ -105,6 +109,14 @@ INTERPRETER_AGENT_COMMAND = (
     "--service-user",
     USER,
 )
+
+# mcp-gateway: the MCP SDK's own locked environment (root's: the gateway runs as root), the
+# gateway package (``runtime.mcp_gateway``) copied into it under a name of its own, and the
+# ``mcp-gateway`` command the clients run (see ``_mcp``).
+MCP_TEMPLATE = "mcp-gateway"
+MCP_VENV = "/opt/e2b-compat/mcp"
+MCP_PACKAGE = "e2b_compat_mcp_gateway"
+MCP_COMMAND = "/usr/local/bin/mcp-gateway"
 
 # The package folders of the distribution (pyproject ``packages.find``); their files are the key.
 PACKAGE_DIRS = ("contract", "runtime", "conformance", "reference_server", "e2b_compat", "benchmarks")
@@ -236,4 +248,28 @@ def interpreter_recipe(base_key: str, kernels_key: str) -> dict[str, object]:
         "base_key": base_key,
         "kernels_key": kernels_key,
         "agent_command": list(INTERPRETER_AGENT_COMMAND),
+    }
+
+
+def mcp_layer_recipe(os_key: str, lock: bytes) -> dict[str, object]:
+    """The ``mcp`` layer's recipe: the ``os`` layer it is installed on and the MCP SDK's wheel lock."""
+    return {
+        "layer": "mcp",
+        "version": MCP_LAYER_RECIPE_VERSION,
+        "os_key": os_key,
+        "venv": MCP_VENV,
+        "lock_sha256": hashlib.sha256(lock).hexdigest(),
+    }
+
+
+def mcp_template_recipe(base_key: str, mcp_key: str) -> dict[str, object]:
+    """``mcp-gateway``'s recipe: the ``base`` layer (whose sources hold the gateway) and the ``mcp`` layer."""
+    return {
+        "layer": MCP_TEMPLATE,
+        "version": MCP_TEMPLATE_RECIPE_VERSION,
+        "base_key": base_key,
+        "mcp_key": mcp_key,
+        "package": MCP_PACKAGE,
+        "command": MCP_COMMAND,
+        "agent_command": list(AGENT_COMMAND),
     }

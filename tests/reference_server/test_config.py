@@ -56,7 +56,7 @@ def test_defaults_are_the_documented_ones(env: dict[str, str], data_dir: Path) -
         "hosts": ("127.0.0.1", "::1"),
         "backend": "crun",
         "default_template": "base",
-        "templates": ("base", "code-interpreter-v1"),
+        "templates": ("base", "code-interpreter-v1", "mcp-gateway"),
         "owner": "default",
         "cpu_count": 2,
         "memory_mb": 512,

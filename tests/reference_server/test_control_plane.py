@@ -426,7 +426,15 @@ async def test_a_network_update_replaces_the_egress_lists(plane: Plane) -> None:
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({"mcp": {"github": {}}}, "MCP gateway is unavailable"),
+        # The gateway runs github/<owner>/<repo> servers only; a catalogue server is an image.
+        ({"mcp": {"github": {}}}, "MCP server 'github' is from the catalogue"),
+        ({"mcp": {"duckduckgo": {}, "github/a/b": {"runCmd": "x"}}}, "'duckduckgo' is from the catalogue"),
+        ({"mcp": {"github/a/b": {}}}, "runCmd must be a non-empty string"),
+        ({"mcp": {"github/a/b": {"runCmd": "x", "env": {}}}}, "unknown fields env"),
+        ({"mcp": {"github/a/..": {"runCmd": "x"}}}, "'..' is not a repository name"),
+        ({"mcp": {"github/-a/b": {"runCmd": "x"}}}, "expected 'github/<owner>/<repository>'"),
+        ({"mcp": {"github/a/b/c": {"runCmd": "x"}}}, "expected 'github/<owner>/<repository>'"),
+        ({"mcp": {"github/a/b": {"runCmd": "x", "envs": {"A=B": "1"}}}}, "is not an environment variable name"),
         ({"network": {"rules": {"example.com": [{}]}}}, "Network transform rules are unavailable"),
         ({"network": {"maskRequestHost": "has space"}}, "maskRequestHost"),
         ({"network": {"maskRequestHost": "h\u00e9"}}, "maskRequestHost"),
@@ -444,6 +452,15 @@ async def test_create_refuses_what_it_cannot_honour_and_keeps_nothing(
     refused(answer, 400)
     assert message in answer.json()["message"]
     assert await plane.store.all() == []
+
+
+async def test_a_create_for_a_github_mcp_server_is_accepted(plane: Plane) -> None:
+    """The clients start the gateway themselves once the sandbox exists: the create only checks the mapping."""
+    servers = {"github/example/echo": {"runCmd": "python3 server.py", "installCmd": "true", "envs": {"A": "1"}}}
+    answer = await plane.client.post("/sandboxes", json={"templateID": "base", "mcp": servers}, headers=A)
+    assert answer.status_code == 201, answer.text
+    empty = await plane.client.post("/sandboxes", json={"templateID": "base", "mcp": {}}, headers=A)
+    assert empty.status_code == 201, empty.text
 
 
 async def test_the_newer_fields_left_empty_are_no_request_for_them(plane: Plane) -> None:

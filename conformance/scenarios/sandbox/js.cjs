@@ -7,7 +7,7 @@
 'use strict'
 
 const crypto = require('node:crypto')
-const { Sandbox, NotFoundError, SandboxError, AuthenticationError, Template, BuildError, CommandExitError, waitForPort } = require('e2b')
+const { Sandbox, NotFoundError, SandboxError, AuthenticationError, Template, BuildError, CommandExitError, Volume, waitForPort } = require('e2b')
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 
@@ -36,6 +36,33 @@ const HEADER_ECHO = require('node:fs').readFileSync(
   require('node:path').join(__dirname, '..', 'in_sandbox', 'header_echo.py'),
   'utf8',
 )
+
+// The MCP scenario's stdio server, and git's own settings that make github.com's URL of its
+// repository the volume's copy (the sandbox has no route out).
+const MCP_ECHO = require('node:fs').readFileSync(
+  require('node:path').join(__dirname, '..', 'in_sandbox', 'mcp_echo_server.py'),
+  'utf8',
+)
+const MCP_GIT_ENVS = {
+  GIT_CONFIG_COUNT: '1',
+  GIT_CONFIG_KEY_0: 'url./mnt/mirror/.insteadOf',
+  GIT_CONFIG_VALUE_0: 'https://github.com/',
+}
+const MCP_MIRROR =
+  'cd /tmp/echo && git init -q && git add server.py && git -c user.name=c -c user.email=c@example.com ' +
+  'commit -qm echo && mkdir -p /mnt/mirror/example && git clone -q --bare /tmp/echo /mnt/mirror/example/echo.git'
+const MCP_CONFIG = { 'github/example/echo': { runCmd: 'python3 server.py', envs: { ECHO_PREFIX: '> ' } } }
+const MCP_ACCEPT = { Accept: 'application/json, text/event-stream', 'Content-Type': 'application/json' }
+
+// The JSON-RPC message of a streamable-HTTP answer: a JSON body, or the data of its SSE event.
+async function mcpAnswer(response) {
+  const text = await response.text()
+  if ((response.headers.get('content-type') || '').startsWith('text/event-stream')) {
+    const data = text.split(/\r?\n/).filter((line) => line.startsWith('data:')).map((line) => line.slice(5).trim())
+    return data.length ? JSON.parse(data[data.length - 1]) : null
+  }
+  return text ? JSON.parse(text) : null
+}
 
 // Whole seconds around a sample between two others, which the window leaves out (null: no such sample yet).
 function metricsWindow(stamps) {
@@ -256,6 +283,57 @@ const scenarios = {
       return { ...outcome, listed: listed.length, runs: (await sbx.commands.run('echo ok')).stdout }
     } finally {
       await sbx.kill()
+    }
+  },
+
+  'sandbox/mcp': async () => {
+    const suite = crypto.randomUUID().replace(/-/g, '').slice(0, 12)
+    const vol = await Volume.create(`mcp-${suite}`)
+    const made = []
+    try {
+      const helper = await Sandbox.create({ volumeMounts: { '/mnt/mirror': vol }, timeoutMs: 120000 })
+      made.push(helper)
+      await helper.files.write('/tmp/echo/server.py', MCP_ECHO, { user: 'root' }) // git as root wants its own files
+      await helper.commands.run(MCP_MIRROR, { user: 'root' })
+      await helper.kill()
+      const sbx = await Sandbox.create({
+        mcp: MCP_CONFIG, envs: MCP_GIT_ENVS, volumeMounts: { '/mnt/mirror': vol.name }, timeoutMs: 120000,
+      })
+      made.push(sbx)
+      const url = sbx.getMcpUrl()
+      const token = await sbx.getMcpToken()
+      const readBack = await (await Sandbox.connect(sbx.sandboxId)).getMcpToken()
+      const post = (body, headers) => fetch(url, { method: 'POST', headers, body: JSON.stringify(body) })
+      const ping = { jsonrpc: '2.0', id: 0, method: 'ping' }
+      const refused = []
+      for (const extra of [{}, { Authorization: 'Bearer wrong' }]) {
+        const answer = await post(ping, { ...MCP_ACCEPT, ...extra })
+        await answer.text()
+        refused.push(answer.status)
+      }
+      let auth = { ...MCP_ACCEPT, Authorization: `Bearer ${token}` }
+      const hello = { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'c', version: '1' } }
+      const started = await post({ jsonrpc: '2.0', id: 1, method: 'initialize', params: hello }, auth)
+      const session = started.headers.get('mcp-session-id')
+      const init = await mcpAnswer(started)
+      auth = { ...auth, 'Mcp-Protocol-Version': '2025-06-18', ...(session ? { 'Mcp-Session-Id': session } : {}) }
+      await (await post({ jsonrpc: '2.0', method: 'notifications/initialized' }, auth)).text()
+      const tools = (await mcpAnswer(await post({ jsonrpc: '2.0', id: 2, method: 'tools/list' }, auth))) || {}
+      const call = { name: 'echo', arguments: { text: 'hello' } }
+      const called = (await mcpAnswer(await post({ jsonrpc: '2.0', id: 3, method: 'tools/call', params: call }, auth))) || {}
+      return {
+        url,
+        host: sbx.getHost(50005),
+        token_read_back: token !== undefined && readBack === token,
+        refused,
+        server: (((init || {}).result || {}).serverInfo || {}).name ?? null,
+        session: session !== null,
+        tools: ((tools.result || {}).tools || []).map((tool) => tool.name).sort(),
+        echo: ((called.result || {}).content || []).map((c) => c.text),
+      }
+    } finally {
+      for (const sandbox of made) await sandbox.kill().catch(() => {})
+      await Volume.destroy(vol.volumeId)
     }
   },
 

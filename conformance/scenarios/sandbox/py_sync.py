@@ -8,10 +8,12 @@ scenario makes its own sandboxes, kills them in ``finally`` and prints one JSON 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import math
 import os
+import ssl
 import sys
 import time
 import urllib.parse
@@ -33,6 +35,7 @@ from e2b import (
     SandboxQuery,
     SandboxState,
     Template,
+    Volume,
     wait_for_port,
 )
 from e2b.sandbox.commands.command_handle import PtySize
@@ -210,6 +213,83 @@ def _fork_refused(work: str) -> dict[str, Any]:
         return {**outcome, "listed": len(listed), "runs": sbx.commands.run("echo ok").stdout}
     finally:
         sbx.kill()
+
+
+# The MCP scenario's stdio server, and git's own settings that make github.com's URL of its
+# repository the volume's copy (the sandbox has no route out).
+MCP_ECHO = (Path(__file__).resolve().parents[1] / "in_sandbox" / "mcp_echo_server.py").read_text("utf-8")
+MCP_GIT_ENVS = {
+    "GIT_CONFIG_COUNT": "1",
+    "GIT_CONFIG_KEY_0": "url./mnt/mirror/.insteadOf",
+    "GIT_CONFIG_VALUE_0": "https://github.com/",
+}
+MCP_MIRROR = (
+    "cd /tmp/echo && git init -q && git add server.py && git -c user.name=c -c user.email=c@example.com "
+    "commit -qm echo && mkdir -p /mnt/mirror/example && git clone -q --bare /tmp/echo /mnt/mirror/example/echo.git"
+)
+MCP_CONFIG = {"github/example/echo": {"runCmd": "python3 server.py", "envs": {"ECHO_PREFIX": "> "}}}
+MCP_ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+def mcp_answer(response: httpx.Response) -> Any:
+    """The JSON-RPC message of a streamable-HTTP answer: a JSON body, or the data of its SSE event."""
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
+        return json.loads(data[-1]) if data else None
+    return response.json() if response.content else None
+
+
+@scenario("sandbox/mcp")
+def _mcp(work: str) -> dict[str, Any]:
+    """create(mcp=...) with a github server whose repository a first sandbox put in a volume; MCP spoken over HTTP."""
+    suite = uuid.uuid4().hex[:12]
+    vol = Volume.create(f"mcp-{suite}")
+    made: list[Sandbox] = []
+    try:
+        helper = Sandbox.create(volume_mounts={"/mnt/mirror": vol}, timeout=120)
+        made.append(helper)
+        helper.files.write("/tmp/echo/server.py", MCP_ECHO, user="root")  # git as root wants its own files
+        helper.commands.run(MCP_MIRROR, user="root")
+        helper.kill()
+        sbx = Sandbox.create(mcp=MCP_CONFIG, envs=MCP_GIT_ENVS, volume_mounts={"/mnt/mirror": vol.name}, timeout=120)
+        made.append(sbx)
+        url, token = sbx.get_mcp_url(), sbx.get_mcp_token()
+        read_back = Sandbox.connect(sbx.sandbox_id).get_mcp_token()
+        ca = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+        with httpx.Client(verify=ca, timeout=60) as http:
+            ping = {"jsonrpc": "2.0", "id": 0, "method": "ping"}
+            refused = [
+                http.post(url, json=ping, headers={**MCP_ACCEPT, **extra}).status_code
+                for extra in ({}, {"Authorization": "Bearer wrong"})
+            ]
+            auth = {**MCP_ACCEPT, "Authorization": f"Bearer {token}"}
+            hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "c", "version": "1"}}
+            started = http.post(
+                url, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}, headers=auth
+            )
+            session = started.headers.get("mcp-session-id")
+            auth = {**auth, "Mcp-Protocol-Version": "2025-06-18", **({"Mcp-Session-Id": session} if session else {})}
+            http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=auth)
+            tools = mcp_answer(http.post(url, json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, headers=auth))
+            call = {"name": "echo", "arguments": {"text": "hello"}}
+            called = http.post(
+                url, json={"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": call}, headers=auth
+            )
+        return {
+            "url": url,
+            "host": sbx.get_host(50005),
+            "token_read_back": token is not None and read_back == token,
+            "refused": refused,
+            "server": (mcp_answer(started) or {}).get("result", {}).get("serverInfo", {}).get("name"),
+            "session": session is not None,
+            "tools": sorted(tool["name"] for tool in (tools or {}).get("result", {}).get("tools", [])),
+            "echo": [c.get("text") for c in (mcp_answer(called) or {}).get("result", {}).get("content", [])],
+        }
+    finally:
+        for sandbox in made:
+            with contextlib.suppress(Exception):  # the helper is killed early
+                sandbox.kill()
+        Volume.destroy(vol.volume_id)
 
 
 @scenario("sandbox/idempotent-create")
