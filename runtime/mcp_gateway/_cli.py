@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ._config import GATEWAY_PORT, TOKEN_PATH, ConfigError, StdioServer, parse_config
-from ._repos import GatewayError, install, prepare
+from ._repos import GatewayError, gateway_env, install, prepare
 
 __all__ = ["main"]
 
@@ -70,7 +70,6 @@ def _write_token(path: Path, token: str) -> None:
 def _detached(args: argparse.Namespace, servers: Sequence[StdioServer], token: str) -> int:
     """Fork the serving process off (double fork, new session); wait until it serves or fails."""
     from . import _gateway  # noqa: PLC0415 (the SDK is imported only to serve)
-    from ._upstreams import gateway_env  # noqa: PLC0415
 
     sock = _gateway.listen(args.host, args.port)
     read_end, write_end = os.pipe()
@@ -127,7 +126,6 @@ def _detached(args: argparse.Namespace, servers: Sequence[StdioServer], token: s
 
 def _foreground(args: argparse.Namespace, servers: Sequence[StdioServer], token: str) -> int:
     from . import _gateway  # noqa: PLC0415
-    from ._upstreams import gateway_env  # noqa: PLC0415
 
     sock = _gateway.listen(args.host, args.port)
 

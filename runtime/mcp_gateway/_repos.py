@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ._config import StdioServer
 
-__all__ = ["GatewayError", "install", "prepare", "working_copy"]
+__all__ = ["GatewayError", "gateway_env", "install", "prepare", "server_env", "working_copy"]
 
 TAIL = 2000  # characters of a failed command's output in the error
 
@@ -66,6 +66,11 @@ def _clone(server: StdioServer, target: Path, env: Mapping[str, str]) -> None:
     _marker(target).write_text(server.clone_url + "\n", encoding="utf-8")
 
 
+def gateway_env() -> dict[str, str]:
+    """The environment the servers' commands start from: the gateway's, without its access token."""
+    return {name: value for name, value in os.environ.items() if name != "GATEWAY_ACCESS_TOKEN"}
+
+
 def server_env(server: StdioServer, base: Mapping[str, str]) -> dict[str, str]:
     """The environment of a server's commands: the gateway's own, with the server's ``envs`` over it."""
     return {**base, **server.envs}
@@ -74,7 +79,7 @@ def server_env(server: StdioServer, base: Mapping[str, str]) -> dict[str, str]:
 def prepare(root: Path, server: StdioServer, base_env: Mapping[str, str] | None = None) -> Path:
     """The server's working copy under ``root``, cloned if absent; returns its folder."""
     target = working_copy(root, server)
-    env = server_env(server, os.environ if base_env is None else base_env)
+    env = server_env(server, gateway_env() if base_env is None else base_env)
     if not (target.is_dir() and _marker(target).is_file()):
         _clone(server, target, env)
     return target
@@ -84,5 +89,5 @@ def install(folder: Path, server: StdioServer, base_env: Mapping[str, str] | Non
     """Run the server's ``installCmd`` (if any) with bash in its working copy."""
     if server.install_cmd is None:
         return
-    env = server_env(server, os.environ if base_env is None else base_env)
+    env = server_env(server, gateway_env() if base_env is None else base_env)
     _run(["bash", "-c", server.install_cmd], cwd=folder, env=env, what=f"MCP server {server.key!r}: installCmd")

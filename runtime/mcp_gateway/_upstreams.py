@@ -8,7 +8,6 @@ start-up error naming both, rather than one silently hiding the other.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -94,8 +93,3 @@ class Upstreams:
         for resource in resources:
             self._claim("resource", str(resource.uri), server.key)
             self.resources[str(resource.uri)] = (session, resource)
-
-
-def gateway_env() -> dict[str, str]:
-    """The environment the servers start with: the gateway's, without its access token."""
-    return {name: value for name, value in os.environ.items() if name != "GATEWAY_ACCESS_TOKEN"}

@@ -188,6 +188,19 @@ def test_it_clones_installs_and_serves_two_servers_behind_the_token(gateway: Gat
     assert asyncio.run(_offers(gateway.url, TOKEN))["tools"][0] == "echo"
 
 
+def test_the_servers_commands_never_see_the_access_token(gateway: Gateway) -> None:
+    install = "env > install.env"
+    run = "env > run.env; exec python3 server.py"
+    started = gateway.run({"github/example/echo": {"runCmd": run, "installCmd": install, "envs": {"MINE": "1"}}})
+    assert started.returncode == 0, started.stderr
+    copy = gateway.tmp / "state" / "example" / "echo"
+    for name in ("install.env", "run.env"):
+        seen = (copy / name).read_text()
+        assert "MINE=1" in seen, f"{name}: the server's envs are missing"
+        assert "GATEWAY_ACCESS_TOKEN" not in seen, f"{name}: the token reached the server's command"
+        assert TOKEN not in seen
+
+
 def test_sigterm_stops_the_gateway_and_its_servers(gateway: Gateway) -> None:
     started = gateway.run({"github/example/echo": SERVER})
     assert started.returncode == 0, started.stderr
