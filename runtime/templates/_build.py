@@ -11,9 +11,9 @@ of its overlay. Cache layout::
 the agent in ``/opt/e2b-compat/venv``; ``code-interpreter-v1`` is a copy of ``base`` plus
 the ``kernels`` layer (the kernels' locked environment in ``/opt/e2b-compat/kernel``, built
 once per lock, see ``_kernels``), and its agent starts the interpreter server (see ``_keys``
-for what decides each key). ``kernels`` is not a root filesystem of its own: it holds only
-the paths it adds. A
-template is built in ``.<name>-<key16>.build-XXXX/`` beside its final place and renamed
+for what decides each key); ``mcp-gateway`` is a copy of ``base`` plus the ``mcp`` layer and
+the gateway (``_mcp``). ``kernels`` and ``mcp`` are not root filesystems of their own: they
+hold only the paths they add (``_layers``). A template is built in ``.<name>-<key16>.build-XXXX/`` beside its final place and renamed
 into it as the last step, so a folder under its final name is complete and is reused as
 it is. Builds take an exclusive lock, so concurrent callers wait and then reuse the
 result, and the holder of the lock removes what killed builds left behind.
