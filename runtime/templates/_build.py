@@ -13,10 +13,11 @@ the ``kernels`` layer (the kernels' locked environment in ``/opt/e2b-compat/kern
 once per lock, see ``_kernels``), and its agent starts the interpreter server (see ``_keys``
 for what decides each key); ``mcp-gateway`` is a copy of ``base`` plus the ``mcp`` layer and
 the gateway (``_mcp``). ``kernels`` and ``mcp`` are not root filesystems of their own: they
-hold only the paths they add (``_layers``). A template is built in ``.<name>-<key16>.build-XXXX/`` beside its final place and renamed
-into it as the last step, so a folder under its final name is complete and is reused as
-it is. Builds take an exclusive lock, so concurrent callers wait and then reuse the
-result, and the holder of the lock removes what killed builds left behind.
+hold only the paths they add (``_layers``). A template is built in
+``.<name>-<key16>.build-XXXX/`` beside its final place and renamed into it as the last step,
+so a folder under its final name is complete and is reused as it is. Builds take an exclusive
+lock, so concurrent callers wait and then reuse the result, and the holder of the lock
+removes what killed builds left behind.
 """
 
 from __future__ import annotations
