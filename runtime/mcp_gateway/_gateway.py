@@ -119,7 +119,7 @@ async def serve(
     async with AsyncExitStack() as stack:
         upstreams = Upstreams()
         for server in servers:
-            await upstreams.connect(stack, server, working_copy(root, server), errlog, env)
+            await upstreams.connect(stack, server, working_copy(root, server), errlog=errlog, env=env)
         # Bound to every address of the sandbox: the SDK's DNS-rebinding guard (on for loopback
         # hosts only) would refuse the edge's Host header, and the token guards the endpoint.
         app = build_server(upstreams).streamable_http_app(streamable_http_path=PATH, host="0.0.0.0")  # noqa: S104

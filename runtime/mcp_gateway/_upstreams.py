@@ -7,6 +7,7 @@ start-up error naming both, rather than one silently hiding the other.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
@@ -26,6 +27,7 @@ __all__ = ["Upstreams"]
 Item = TypeVar("Item")
 Page = Callable[[types.PaginatedRequestParams | None], Awaitable[Any]]
 MAX_PAGES = 1000  # a server whose cursors never end must not hang the start
+START_SECONDS = 45.0  # for a server's handshake and listings: one that never answers must not hang the start
 
 
 async def _all_pages(fetch: Page, attribute: str) -> list[Any]:
@@ -55,7 +57,14 @@ class Upstreams:
             raise GatewayError(f"MCP servers {other!r} and {key!r} both offer the {kind} {name!r}")
 
     async def connect(
-        self, stack: AsyncExitStack, server: StdioServer, folder: Path, errlog: TextIO, env: Mapping[str, str]
+        self,
+        stack: AsyncExitStack,
+        server: StdioServer,
+        folder: Path,
+        *,
+        errlog: TextIO,
+        env: Mapping[str, str],
+        start_seconds: float = START_SECONDS,
     ) -> None:
         """Start ``server``'s runCmd in ``folder``, initialise its session and index what it offers."""
         params = StdioServerParameters(
@@ -67,18 +76,28 @@ class Upstreams:
         try:
             read, write = await own.enter_async_context(stdio_client(params, errlog=errlog))
             session = await own.enter_async_context(ClientSession(read, write))
-            started = await session.initialize()
-            offers = started.capabilities
-            tools = await _all_pages(lambda p: session.list_tools(params=p), "tools") if offers.tools else []
-            prompts = await _all_pages(lambda p: session.list_prompts(params=p), "prompts") if offers.prompts else []
-            resources = (
-                await _all_pages(lambda p: session.list_resources(params=p), "resources") if offers.resources else []
-            )
+            async with asyncio.timeout(start_seconds):
+                started = await session.initialize()
+                offers = started.capabilities
+                tools = await _all_pages(lambda p: session.list_tools(params=p), "tools") if offers.tools else []
+                prompts = (
+                    await _all_pages(lambda p: session.list_prompts(params=p), "prompts") if offers.prompts else []
+                )
+                resources = (
+                    await _all_pages(lambda p: session.list_resources(params=p), "resources")
+                    if offers.resources
+                    else []
+                )
         except Exception as exc:  # the SDK's stream, protocol and validation errors have no common base
             with contextlib.suppress(Exception):
                 await own.aclose()
             if isinstance(exc, GatewayError):
                 raise
+            if isinstance(exc, TimeoutError):
+                detail = f"it did not answer the handshake and listings within {start_seconds:g} s"
+                raise GatewayError(
+                    f"MCP server {server.key!r} (runCmd {server.run_cmd!r}) did not start: {detail}"
+                ) from exc
             detail = str(exc) if isinstance(exc, MCPError | OSError) else f"{type(exc).__name__}: {exc}"
             raise GatewayError(
                 f"MCP server {server.key!r} (runCmd {server.run_cmd!r}) did not start: {detail}"

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,10 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from runtime.mcp_gateway import StdioServer
 from runtime.mcp_gateway._cli import reason
 from runtime.mcp_gateway._repos import GatewayError
+from runtime.mcp_gateway._upstreams import Upstreams
 
 ECHO = Path(__file__).resolve().parents[3] / "conformance" / "scenarios" / "in_sandbox" / "mcp_echo_server.py"
 TOKEN = "test-token-0123456789"
@@ -238,6 +241,22 @@ def test_a_start_that_fails_says_why_and_leaves_no_token_and_no_gateway(
     with pytest.raises(httpx.ConnectError):
         httpx.post(gateway.url, json={})
     assert TOKEN not in failed.stderr + failed.stdout
+
+
+def test_a_server_that_never_answers_fails_the_start_after_the_bound(tmp_path: Path) -> None:
+    server = StdioServer("github/example/silent", "example", "silent", "sleep 60")
+    tmp_path.mkdir(exist_ok=True)
+
+    async def start() -> None:
+        async with AsyncExitStack() as stack:
+            await Upstreams().connect(
+                stack, server, tmp_path, errlog=sys.stderr, env=dict(os.environ), start_seconds=0.5
+            )
+
+    began = time.monotonic()
+    with pytest.raises(GatewayError, match=r"did not answer the handshake and listings within 0.5 s"):
+        asyncio.run(start())
+    assert time.monotonic() - began < 20, "the silent server held the start"
 
 
 def test_pull_is_refused_for_want_of_a_catalogue(gateway: Gateway) -> None:
