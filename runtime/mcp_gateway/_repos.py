@@ -54,8 +54,7 @@ def _clone(server: StdioServer, target: Path, env: Mapping[str, str]) -> None:
         raise GatewayError(f"MCP server {server.key!r}: git is not installed, so its repository cannot be cloned")
     target.parent.mkdir(parents=True, exist_ok=True)
     # Cloned in place, then marked done beside it: a copy without its mark (an interrupted clone)
-    # is cloned again. Not cloned aside and renamed: under gVisor's overlay, a folder renamed
-    # there could not be listed afterwards (EINVAL).
+    # is removed and cloned again.
     shutil.rmtree(target, ignore_errors=True)
     clone = ["git", "clone", "--quiet", "--depth", "1", "--", server.clone_url, str(target)]
     try:
