@@ -7,6 +7,8 @@ official Python client (``backends_client.py``) then measures:
 - create → first ``commands.run("true")`` result, ``--sandboxes`` sandboxes one after another;
 - the warm ``commands.run("true")`` round trip, ``--iterations`` times on one sandbox;
 - memory pause → resume (``pause()``, then ``connect()`` and a command), ``--pauses`` times;
+- an upload and a download of ``--transfer-mib`` random bytes through the files API, ``--transfers``
+  times, as throughput (MB/s of the p50 time);
 - idle memory per sandbox, with ``--idle`` idle sandboxes up: the backend's own memory figure
   (``Backend.metrics``: the sandbox's memory cgroup, read through a second instance of the
   backend on the server's runtime folder), and the drop of the host's MemAvailable divided by
@@ -14,7 +16,8 @@ official Python client (``backends_client.py``) then measures:
   the engine's shim; noisy on a busy host).
 
 Each against floors measured in the same run: a bare process spawn and a loopback HTTP round trip
-from the same client process, and for memory the resident size of an idle ``sleep`` process.
+from the same client process, the same bytes posted to and fetched from a loopback server at memory
+speed with the client's own httpx, and for memory the resident size of an idle ``sleep`` process.
 Ratios (p50 over p50) are reported, never asserted. Every count is bounded, each backend has
 ``--budget-seconds``; a backend that fails is reported with its error and the others still run.
 Writes reports/bench/backends.json and backends.md (docs/BENCHMARKS.md).
@@ -43,9 +46,14 @@ from runtime.backends import backend_entry, serving_backends
 HERE = Path(__file__).parent
 REPO = HERE.parent
 MAX_COUNT = 50  # per measurement: bounded whatever is asked
-METRICS = (  # (key, label, floor key or None, unit)
+MAX_TRANSFER_MIB = 1024
+# (key, label, floor key or None, unit). A ratio is always the figure's cost over its floor's: time
+# over time, memory over memory; throughput (MB/s of the p50 time) shows the same time ratio.
+METRICS = (
     ("create_to_first_run", "create → first command", "floor_process_spawn", "ms"),
     ("warm_commands_run_true", "warm commands.run(true)", "floor_http_round_trip", "ms"),
+    ("upload", "upload (files.write)", "floor_http_upload", "MB/s"),
+    ("download", "download (files.read)", "floor_http_download", "MB/s"),
     ("pause_resume", "pause → resume → command", "floor_http_round_trip", "ms"),
     ("idle_memory_per_sandbox", "idle memory per sandbox (backend metrics)", "floor_idle_process", "MiB"),
     ("idle_memory_host_drop", "idle memory per sandbox (host MemAvailable drop)", "floor_idle_process", "MiB"),
@@ -108,7 +116,7 @@ def _lines(stream: IO[str], out: queue.Queue[str | None]) -> None:
     out.put(None)
 
 
-def _drive_client(server: ManagedServer, counts: tuple[int, int, int, int], deadline: float) -> dict[str, Any]:
+def _drive_client(server: ManagedServer, counts: tuple[int, ...], deadline: float) -> dict[str, Any]:
     """Run backends_client.py against ``server``: its samples and the idle memory it held."""
     clients = ensure_python_clients()
     process = subprocess.Popen(
@@ -161,7 +169,7 @@ def _drive_client(server: ManagedServer, counts: tuple[int, int, int, int], dead
             process.wait()
 
 
-def bench_backend(name: str, counts: tuple[int, int, int, int], budget_s: float) -> dict[str, Any]:
+def bench_backend(name: str, counts: tuple[int, ...], budget_s: float) -> dict[str, Any]:
     """One backend: prepare the host, serve on it, drive the client, stop and release everything."""
     deadline = time.monotonic() + budget_s
     backend_entry(name).prepare_host(lambda message: print(f"host set-up ({name}): {message}"))
@@ -220,6 +228,11 @@ def ratios(results: dict[str, Any], floors: dict[str, float]) -> dict[str, float
     return found
 
 
+def throughput(report: dict[str, Any], p50_ms: float) -> float:
+    """MB/s (10^6 bytes a second) of one transfer of the run's size taking ``p50_ms``."""
+    return float(report["counts"]["transfer_mib"] * (1 << 20) / 1e6 / (p50_ms / 1000))
+
+
 def table(report: dict[str, Any]) -> str:
     """Markdown: one row per metric, one column per backend; value (x its floor)."""
     names = list(report["backends"])
@@ -243,10 +256,15 @@ def table(report: dict[str, Any]) -> str:
                 cells.append(f"n/a ({entry['error'][:60]})" if entry and "error" in entry else "n/a")
             else:
                 ratio = found["ratios"].get(key)
-                cells.append(f"{value:.1f} {unit}" + (f" (x{ratio:.1f})" if ratio is not None else ""))
+                figure = throughput(report, value) if unit == "MB/s" else value
+                cells.append(f"{figure:.1f} {unit}" + (f" (x{ratio:.1f})" if ratio is not None else ""))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     run_floors = ", ".join(f"{k} {v:.2f}" for k, v in sorted(report.get("floors", {}).items())) or "none"
-    lines += ["", f"Floors of the run (ms; MiB for memory), the median of each backend run's: {run_floors}.", ""]
+    lines += [
+        "",
+        f"Floors of the run (ms; MiB for memory; ms per transfer), the median of each backend run's: {run_floors}.",
+        "",
+    ]
     lines += ["Each backend run's own floors (the same client process as its figures, the same host):", ""]
     for name in names:
         floors = report["backends"][name].get("floors", {})
@@ -256,10 +274,13 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(backends: tuple[str, ...], counts: tuple[int, int, int, int], budget_s: float) -> dict[str, Any]:
+COUNTS = ("sandboxes", "iterations", "idle", "pauses", "transfers", "transfer_mib")
+
+
+def run(backends: tuple[str, ...], counts: tuple[int, ...], budget_s: float) -> dict[str, Any]:
     report: dict[str, Any] = {
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "counts": dict(zip(("sandboxes", "iterations", "idle", "pauses"), counts, strict=True)),
+        "counts": dict(zip(COUNTS, counts, strict=True)),
         "backends": {},
     }
     for name in backends:
@@ -274,6 +295,8 @@ def run(backends: tuple[str, ...], counts: tuple[int, int, int, int], budget_s: 
         floors = {
             "floor_process_spawn": results.get("floor_process_spawn", {}).get("p50_ms", 0.0),
             "floor_http_round_trip": results.get("floor_http_round_trip", {}).get("p50_ms", 0.0),
+            "floor_http_upload": results.get("floor_http_upload", {}).get("p50_ms", 0.0),
+            "floor_http_download": results.get("floor_http_download", {}).get("p50_ms", 0.0),
             "floor_idle_process": idle_process_floor(counts[2]),
         }
         entry |= {"results": results, "floors": floors}
@@ -295,6 +318,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=30, help="warm round trips and floor samples (default 30)")
     parser.add_argument("--idle", type=int, default=5, help="idle sandboxes up at once for memory (default 5)")
     parser.add_argument("--pauses", type=int, default=3, help="pause → resume samples (default 3)")
+    parser.add_argument("--transfers", type=int, default=3, help="uploads and downloads (default 3)")
+    parser.add_argument("--transfer-mib", type=int, default=100, help="MiB per transfer (default 100)")
     parser.add_argument("--budget-seconds", type=float, default=900.0, help="per backend (default 900)")
     parser.add_argument("--output", type=Path, default=REPO / "reports" / "bench" / "backends.json")
     args = parser.parse_args()
@@ -304,10 +329,11 @@ def main() -> None:
     chosen = tuple(args.backend or serving)
     if unknown := [name for name in chosen if name not in serving]:
         raise SystemExit(f"not serving backends: {', '.join(unknown)} (serving: {', '.join(serving)})")
-    sandboxes, iterations, idle, pauses = (
-        max(1, min(value, MAX_COUNT)) for value in (args.sandboxes, args.iterations, args.idle, args.pauses)
+    bounded = (
+        max(1, min(v, MAX_COUNT)) for v in (args.sandboxes, args.iterations, args.idle, args.pauses, args.transfers)
     )
-    report = run(chosen, (sandboxes, iterations, idle, pauses), args.budget_seconds)
+    counts = (*bounded, max(1, min(args.transfer_mib, MAX_TRANSFER_MIB)))
+    report = run(chosen, counts, args.budget_seconds)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     markdown = table(report)

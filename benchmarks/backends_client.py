@@ -1,14 +1,18 @@
 """Runs inside the pinned Python client's environment against a reference server on one backend.
 
-``python -I backends_client.py <sandboxes> <iterations> <idle> <pauses>`` prints JSON lines:
+``python -I backends_client.py <sandboxes> <iterations> <idle> <pauses> <transfers> <MiB>`` prints
+JSON lines:
 
 - ``{"phase": "idle-before"}`` and ``{"phase": "idle-up"}`` around starting ``<idle>`` sandboxes,
   each time waiting for a line on stdin (the parent measures the host's memory meanwhile);
 - last, ``{"result": {...}}``: samples in seconds of create → first ``commands.run("true")``
   (``<sandboxes>`` sandboxes one after another), warm ``commands.run("true")``, memory pause →
-  resume (``pause()`` then ``connect()`` and a command), and the floors: a bare process spawn and
-  a loopback HTTP round trip with the client's own httpx. A pause the backend refuses is recorded
-  as its error text, not retried. Every sandbox is killed before the script ends.
+  resume (``pause()`` then ``connect()`` and a command), ``<transfers>`` uploads and downloads of
+  ``<MiB>`` random bytes (``files.write``, ``files.read(format="bytes")``, checked), and the
+  floors: a bare process spawn, a loopback HTTP round trip, and the same bytes posted to and
+  fetched from a loopback server at memory speed, each with the client's own httpx. A pause the
+  backend refuses is recorded as its error text, not retried. Every sandbox is killed before the
+  script ends.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from e2b import Sandbox
 
 # -I leaves the checkout out of sys.path; the floor server is the one client_roundtrip.py uses.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.client_roundtrip import _floor_server
+from benchmarks.client_roundtrip import _floor_server, _transfer_floor_server
 
 
 def _emit(document: dict[str, Any]) -> None:
@@ -77,6 +81,39 @@ def _pause_resume(sbx: Sandbox, count: int) -> dict[str, Any]:
     return {"pause": pause, "resume_to_first_run": resume, "pause_resume": total}
 
 
+def _transfers(sbx: Sandbox, count: int, payload: bytes) -> dict[str, list[float]]:
+    """Upload and download ``payload`` through the sandbox's files API, and the same over bare loopback."""
+    floor = httpx.Client(timeout=600)
+    port = _transfer_floor_server(payload)
+    url = f"http://127.0.0.1:{port}/"
+    upload, download, floor_upload, floor_download = [], [], [], []
+    path = "bench-transfer.bin"  # relative: in the sandbox user's home, on the sandbox's disk
+    for _ in range(count):
+        start = time.perf_counter()
+        sbx.files.write(path, payload)
+        upload.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        got = sbx.files.read(path, format="bytes")
+        download.append(time.perf_counter() - start)
+        if bytes(got) != payload:
+            raise RuntimeError("the downloaded bytes differ from the uploaded ones")
+        del got
+        start = time.perf_counter()
+        floor.post(url, content=payload).raise_for_status()
+        floor_upload.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        if len(floor.get(url).content) != len(payload):
+            raise RuntimeError("the floor server sent a short body")
+        floor_download.append(time.perf_counter() - start)
+    sbx.files.remove(path)
+    return {
+        "upload": upload,
+        "download": download,
+        "floor_http_upload": floor_upload,
+        "floor_http_download": floor_download,
+    }
+
+
 def _idle(count: int) -> None:
     _emit({"phase": "idle-before"})
     sys.stdin.readline()
@@ -95,7 +132,7 @@ def _idle(count: int) -> None:
 
 
 def main() -> None:
-    sandboxes, iterations, idle, pauses = (int(arg) for arg in sys.argv[1:5])
+    sandboxes, iterations, idle, pauses, transfers, mib = (int(arg) for arg in sys.argv[1:7])
     port = _floor_server()
     raw = httpx.Client()
     raw.get(f"http://127.0.0.1:{port}/")
@@ -108,6 +145,7 @@ def main() -> None:
     try:
         sbx.commands.run("true")  # warm the connection
         result["warm_commands_run_true"] = _timed(lambda: sbx.commands.run("true"), iterations)
+        result |= _transfers(sbx, transfers, os.urandom(mib << 20))
         result |= _pause_resume(sbx, pauses)
     finally:
         sbx.kill()

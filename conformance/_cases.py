@@ -533,6 +533,13 @@ CASES: tuple[Case, ...] = (
         fields=on("control.sandboxes.pause", "body.memory"),
     ),
     _sandbox(
+        "sandbox/connect-reboot",
+        ALL,
+        ("control.sandboxes.pause", "control.sandboxes.connect", UPLOAD, DOWNLOAD, START, "envd.process.List"),
+        sandbox_checks.sandbox_connect_reboot,
+        since="2.49.0",  # on_resume / onResume: Python from 2.48, npm from 2.49.0
+    ),
+    _sandbox(
         "sandbox/snapshot-restore",
         ALL,
         (

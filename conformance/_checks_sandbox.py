@@ -89,6 +89,15 @@ def sandbox_pause_filesystem(r: dict[str, Any], work: str) -> None:
     assert r == {"paused": True, "file": "kept across the pause", "process_gone": True, "env": "env\n"}
 
 
+def sandbox_connect_reboot(r: dict[str, Any], work: str) -> None:
+    # A server that drops the client's memory: false restores the memory instead: the sleep and the
+    # tmpfs mark survive, which the client's documentation says must never happen silently.
+    assert r["process_gone"] is True, "connect(on_resume='reboot') resumed the paused processes"
+    assert r["shm"] == "gone\n", f"the reboot kept the memory's tmpfs: {r['shm']!r}"
+    assert r["file"] == "kept across the reboot"
+    assert r["running"] is True
+
+
 def sandbox_snapshot(r: dict[str, Any], work: str) -> None:
     assert r["listed"] is True
     assert r["source_running"] is True

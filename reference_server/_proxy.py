@@ -131,11 +131,12 @@ class SandboxProxy:
         # httpx, not h11 by hand: it streams a request body from an async generator and a response
         # with aiter_raw (undecoded), and pools. Requests go through send(), never build_request(),
         # so the client adds no headers of its own (Accept-Encoding, User-Agent, cookies).
+        self._transport = httpx.AsyncHTTPTransport(
+            limits=httpx.Limits(max_connections=max_connections, keepalive_expiry=_KEEPALIVE_EXPIRY),
+            socket_options=_SOCKET_OPTIONS,
+        )
         self._client = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(
-                limits=httpx.Limits(max_connections=max_connections, keepalive_expiry=_KEEPALIVE_EXPIRY),
-                socket_options=_SOCKET_OPTIONS,
-            ),
+            transport=self._transport,
             timeout=httpx.Timeout(connect=connect_timeout, read=None, write=None, pool=connect_timeout),
             cookies=_DiscardCookies(),
             follow_redirects=False,
@@ -170,6 +171,19 @@ class SandboxProxy:
     async def aclose(self) -> None:
         """Close the pooled connections."""
         await self._client.aclose()
+
+    async def forget(self, host: str) -> None:
+        """Close the idle pooled connections to ``host`` (every port); those in use finish as they go.
+
+        For an address whose processes stopped: whatever boots there next does not know them. The
+        pool has no public way to do this; ``tests/reference_server/test_proxy.py`` checks that the
+        next request opens a new connection.
+        """
+        wanted = host.encode("ascii")
+        for connection in list(self._transport._pool.connections):
+            origin = getattr(connection, "_origin", None)
+            if origin is not None and origin.host == wanted and connection.is_idle():
+                await connection.aclose()
 
     async def _forward_http(
         self, scope: Scope, receive: Receive, send: Send, upstream: Upstream, drop: frozenset[bytes]

@@ -182,6 +182,11 @@ class SandboxService:
         self.create_keys = CreateKeys(store.db, self._clock)  # ``Idempotency-Key`` on create
         # (host, port) → whether the agent answers /health (a seam: the in-memory backend has no agent)
         self.guest_answers: Callable[[str, int], Awaitable[bool]] = agent_answers
+        # Called with a sandbox's address once its processes stopped or froze (a pause, a kill): the
+        # server's proxy closes its idle connections there. Processes that boot on that address
+        # later (a resume afresh, another sandbox) never knew them, and gVisor's kernel ends with no
+        # FIN, so a reused one would fail the next request with no answer.
+        self.address_released: Callable[[str], Awaitable[None]] | None = None
         self.admission = Admission(
             settings.admission,
             store,
@@ -580,7 +585,9 @@ class SandboxService:
             if info.state is State.RUNNING and current.state == S.PAUSING:
                 await self._swap(current, state=S.RUNNING)
             elif info.state in (State.PAUSED, State.STOPPED) and current.state == S.RESUMING:
-                await self._swap(current, state=S.PAUSED)
+                # A resume without memory may have ended the kept processes before it failed.
+                kept = current.with_details(paused_memory=info.state is State.PAUSED)
+                await self._swap(current, state=S.PAUSED, details=kept)
             else:
                 await self._kill(current)
         except Exception:
@@ -600,8 +607,12 @@ class SandboxService:
 
     # -- connect, resume, pause ---------------------------------------------------------
 
-    async def connect(self, owner: str, sandbox_id: str, timeout_s: int) -> tuple[Opened, bool]:
-        """200 (False) when it was running, 201 (True) when this call resumed it."""
+    async def connect(self, owner: str, sandbox_id: str, timeout_s: int, *, memory: bool = True) -> tuple[Opened, bool]:
+        """200 (False) when it was running, 201 (True) when this call resumed it.
+
+        ``memory=False`` (the newer clients' ``on_resume="reboot"``): a sandbox paused with its
+        memory boots afresh from its files instead; for any other sandbox it changes nothing.
+        """
         self.check_timeout(timeout_s)
         async with self.lock(sandbox_id):
             record = await self.owned(owner, sandbox_id)
@@ -609,7 +620,7 @@ class SandboxService:
                 record = await self._keep_alive(record, timeout_s)
                 return self.tokens(record), False
             if record.state == S.PAUSED:
-                return self.tokens(await self._resume(record, timeout_s)), True
+                return self.tokens(await self._resume(record, timeout_s, memory=memory)), True
             raise ApiError(409, text.LIFECYCLE_CONFLICT)
 
     async def resume(self, owner: str, sandbox_id: str, timeout_s: int, auto_pause: bool | None) -> Opened:
@@ -624,15 +635,19 @@ class SandboxService:
                 record = await self._swap(record, auto_pause=auto_pause)
             return self.tokens(await self._resume(record, timeout_s))
 
-    async def _resume(self, record: SandboxRecord, timeout_s: int) -> SandboxRecord:
+    async def _resume(self, record: SandboxRecord, timeout_s: int, *, memory: bool = True) -> SandboxRecord:
         # A resumed sandbox runs again, so it is admitted like a new one (429 leaves it paused).
         async with self.admission.resume(record):
-            return await self._resume_admitted(record, timeout_s)
+            return await self._resume_admitted(record, timeout_s, memory=memory)
 
-    async def _resume_admitted(self, record: SandboxRecord, timeout_s: int) -> SandboxRecord:
-        afresh = record.details.paused_memory is not True  # its processes, the start command's too, are gone
+    async def _resume_admitted(self, record: SandboxRecord, timeout_s: int, *, memory: bool) -> SandboxRecord:
+        kept = record.details.paused_memory is True
+        afresh = not (kept and memory)  # its processes, the start command's too, are gone (or are to go)
         record = await self._swap(record, state=S.RESUMING)
         try:
+            if kept and not memory:
+                # Never a memory restore in its place: the kept processes end before the boot.
+                await self.backend.discard_memory(record.sandbox_id)
             info = await self.backend.resume(record.sandbox_id)
             started = await self._started(record, info.host, timeout_s, "sandbox resumed")
         except (SandboxRuntimeError, OSError) as exc:  # OSError: the agent did not answer /init
@@ -673,6 +688,7 @@ class SandboxService:
             log.error("pausing %s failed: %s", record.sandbox_id, exc)
             await self._settle(record)
             raise runtime_refusal("pause", exc) from None
+        await self._released(record.details.address)
         details = record.with_details(address=None, paused_memory=memory)
         return await self._swap(
             record, state=S.PAUSED, details=append_event(details, self.now(), "info", "sandbox paused")
@@ -698,8 +714,13 @@ class SandboxService:
         if record.state != S.KILLING:
             record = await self._swap(record, state=S.KILLING)
         await self.backend.kill(record.sandbox_id)
+        await self._released(record.details.address)
         await self.store.delete(record.sandbox_id, record.generation)
         self.metrics.drop(record.sandbox_id)
+
+    async def _released(self, address: str | None) -> None:
+        if address is not None and self.address_released is not None:
+            await self.address_released(address)
 
     async def set_timeout(self, owner: str, sandbox_id: str, timeout_s: int) -> None:
         """E2B's set_timeout: the sandbox expires ``timeout_s`` from now, sooner or later than before."""

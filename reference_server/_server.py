@@ -190,6 +190,7 @@ async def open_server(
             initialize=initialize,
             metrics=MetricsBook(backend),
         )
+        service.address_released = proxy.forget
         service.volumes = VolumeService(
             store=VolumeStore(store.db),
             storage=VolumeStorage(config.data_dir / "volumes"),

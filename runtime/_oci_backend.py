@@ -545,6 +545,17 @@ class OciBackend:
                 self._save(record)
             return self._info(record)
 
+    async def discard_memory(self, sandbox_id: str) -> SandboxInfo:
+        with _reported(f"discarding the memory of sandbox {sandbox_id}"):
+            async with self._lock(sandbox_id):
+                record = self._record(sandbox_id)
+                target = next_state(State(record.state), Action.DISCARD_MEMORY)
+                # The runtime's delete kills a frozen container's processes before they thaw.
+                await self._stop_container(record)
+                record.state = target.value
+                self._save(record)
+            return self._info(record)
+
     def _restore_for_boot(self, record: Record) -> None:
         """What a reconcile could not re-create for a passing reason (a command that failed) is tried again.
 

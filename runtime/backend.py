@@ -63,6 +63,7 @@ class Action(enum.Enum):
     PAUSE_MEMORY = "pause_memory"
     PAUSE_FILESYSTEM = "pause_filesystem"
     RESUME = "resume"
+    DISCARD_MEMORY = "discard_memory"
     KILL = "kill"
     SNAPSHOT = "snapshot"
 
@@ -75,6 +76,9 @@ TRANSITIONS: dict[tuple[State, Action], State] = {
     (State.RUNNING, Action.PAUSE_FILESYSTEM): State.STOPPED,
     (State.PAUSED, Action.RESUME): State.RUNNING,
     (State.STOPPED, Action.RESUME): State.RUNNING,
+    # A resume without memory (the newer clients' connect with memory false): the processes a
+    # memory pause kept end, the files stay, and the next resume boots afresh from them.
+    (State.PAUSED, Action.DISCARD_MEMORY): State.STOPPED,
     (State.RUNNING, Action.SNAPSHOT): State.RUNNING,
     (State.PAUSED, Action.SNAPSHOT): State.PAUSED,
     (State.STOPPED, Action.SNAPSHOT): State.STOPPED,
@@ -194,6 +198,10 @@ class Backend(Protocol):
     async def pause(self, sandbox_id: str, *, memory: bool) -> SandboxInfo: ...
 
     async def resume(self, sandbox_id: str) -> SandboxInfo: ...
+
+    async def discard_memory(self, sandbox_id: str) -> SandboxInfo:
+        """PAUSED → STOPPED: the kept processes end (none of their code runs again), the files stay."""
+        ...
 
     async def kill(self, sandbox_id: str) -> bool:
         """Release everything; False when there was no such sandbox."""

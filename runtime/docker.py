@@ -570,6 +570,28 @@ class DockerBackend:
                 self._save(record)
             return self._info(record)
 
+    async def discard_memory(self, sandbox_id: str) -> SandboxInfo:
+        with _reported(f"discarding the memory of sandbox {sandbox_id}"), _engine_errors():
+            async with self._lock(sandbox_id):
+                record = self._record(sandbox_id)
+                target = next_state(State(record.state), Action.DISCARD_MEMORY)
+                container = await asyncio.to_thread(self._container, record)
+                if container is None:
+                    raise BackendError(f"the container of sandbox {sandbox_id} is gone")
+                await asyncio.to_thread(self._stop_frozen, record, container)
+                record.state = target.value
+                self._save(record)
+            return self._info(record)
+
+    def _stop_frozen(self, record: Record, container: Container) -> None:
+        """``_stop`` of a paused container: SIGKILL is sent first, so it is all the processes see on unpausing."""
+        with contextlib.suppress(docker.errors.APIError):  # the engine may refuse to signal a paused one
+            container.kill()
+        container.reload()
+        if container.status == "paused":
+            container.unpause()
+        self._stop(record, container)
+
     # -- releasing ------------------------------------------------------------------
 
     async def kill(self, sandbox_id: str) -> bool:

@@ -98,6 +98,9 @@ class FakeBackend:
             sandbox.boot += 1  # a filesystem-only pause restarts the processes
         return self._info(sandbox)
 
+    async def discard_memory(self, sandbox_id: str) -> SandboxInfo:
+        return self._info(self._apply(sandbox_id, Action.DISCARD_MEMORY))
+
     async def kill(self, sandbox_id: str) -> bool:
         return self._sandboxes.pop(sandbox_id, None) is not None
 

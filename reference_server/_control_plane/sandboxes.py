@@ -210,20 +210,23 @@ async def _create(request: Request, caller: Caller, *, default_timeout: int, def
 async def connect_v1(request: Request, caller: Caller) -> Response:
     check_query(request, ())
     body = await read_json(request, "ConnectSandbox")
-    return await _connect(request, caller, _integer(body, "timeout", 0))
+    return await _connect(request, caller, body, _integer(body, "timeout", 0))
 
 
 async def connect_v2(request: Request, caller: Caller) -> Response:
     check_query(request, ())
     body = await read_json(request, None, optional=True)
-    timeout = _integer(body, "timeout", Defaults.V2_TIMEOUT_S)
-    if not isinstance(body.get("memory", True), bool):
+    return await _connect(request, caller, body, _integer(body, "timeout", Defaults.V2_TIMEOUT_S))
+
+
+async def _connect(request: Request, caller: Caller, body: dict[str, Any], timeout: int) -> Response:
+    # memory: false (Python e2b from 2.50 on /connect, later on /v2/.../connect; npm likewise) asks
+    # for a fresh boot of a sandbox paused with its memory, never a memory restore in its place.
+    memory = body.get("memory", True)
+    if not isinstance(memory, bool):
         raise ApiError(400, "Invalid request body: memory: must be of type boolean")
-    return await _connect(request, caller, timeout)
-
-
-async def _connect(request: Request, caller: Caller, timeout: int) -> Response:
-    opened, resumed = await caller.service.connect(caller.owner, request.path_params["sandbox_id"], timeout)
+    sandbox_id = request.path_params["sandbox_id"]
+    opened, resumed = await caller.service.connect(caller.owner, sandbox_id, timeout, memory=memory)
     return JSONResponse(views.sandbox(opened, caller.domain), status_code=201 if resumed else 200)
 
 

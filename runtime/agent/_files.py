@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # the callbacks' TypedDict exists for type checkers only
     from python_multipart.multipart import MultipartCallbacks
 from ._credentials import as_user
 from ._filesystem import METADATA_PREFIX, read_metadata
+from ._gzip import GzipEncoder
 from ._limits import INFLATE_STEP, MAX_UPLOAD_PARTS
 from ._paths import ensure_parents, resolve
 from ._state import AgentState
@@ -172,13 +173,14 @@ async def _read_chunks(fd: int, first: bytes, size: int | None) -> AsyncIterator
 
 
 async def _gzip_chunks(fd: int, first: bytes) -> AsyncIterator[bytes]:
-    # Level 1: most of the size gain for text at a fraction of the time. Deflate runs in a
-    # worker thread because incompressible data costs ~35 ms per MiB and would stall the loop.
-    compressor = zlib.compressobj(1, zlib.DEFLATED, 31)
+    # Deflated only where it pays (runtime.agent._gzip); in a worker thread, as deflating a MiB
+    # of text takes milliseconds that would stall the loop.
+    encoder = GzipEncoder()
+    yield encoder.header
     async for chunk in _read_chunks(fd, first, None):
-        if out := await asyncio.to_thread(compressor.compress, chunk):
+        if out := await asyncio.to_thread(encoder.encode, chunk):
             yield out
-    yield compressor.flush()
+    yield encoder.finish()
 
 
 @answers_errors(HttpBody.JSON)

@@ -16,6 +16,10 @@ def _raw(command_s: float, pause_error: str | None = None) -> dict[str, Any]:
         "floor_http_round_trip": [0.0002, 0.0002, 0.0004],
         "create_to_first_run": [0.5, 0.6, 0.7],
         "warm_commands_run_true": [command_s] * 3,
+        "upload": [0.5, 0.25, 1.0],
+        "download": [0.2, 0.2, 0.2],
+        "floor_http_upload": [0.05] * 3,
+        "floor_http_download": [0.1] * 3,
         "pause_resume": [0.1, 0.2, 0.3],
         "idle_memory": {
             "before": 1000 << 20,
@@ -35,10 +39,18 @@ def test_a_summary_has_p50s_idle_memory_per_sandbox_and_ratios_to_its_floors() -
     assert results["create_to_first_run"] == {"p50_ms": pytest.approx(600.0), "max_ms": pytest.approx(700.0), "n": 3}
     assert results["idle_memory_host_drop"] == {"mib": pytest.approx(10.0), "n": 4}
     assert results["idle_memory_per_sandbox"] == {"mib": pytest.approx(9.0), "n": 3}, "the median of the figures"
-    floors = {"floor_process_spawn": 1.0, "floor_http_round_trip": 0.2, "floor_idle_process": 0.5}
+    floors = {
+        "floor_process_spawn": 1.0,
+        "floor_http_round_trip": 0.2,
+        "floor_http_upload": 50.0,
+        "floor_http_download": 100.0,
+        "floor_idle_process": 0.5,
+    }
     assert backends.ratios(results, floors) == {
         "create_to_first_run": pytest.approx(600.0),
         "warm_commands_run_true": pytest.approx(20.0),
+        "upload": pytest.approx(10.0),
+        "download": pytest.approx(2.0),
         "pause_resume": pytest.approx(1000.0),
         "idle_memory_per_sandbox": pytest.approx(18.0),
         "idle_memory_host_drop": pytest.approx(20.0),
@@ -53,12 +65,18 @@ def test_a_backend_without_a_memory_figure_says_why() -> None:
 
 
 def test_the_table_puts_backends_side_by_side_with_refusals_and_failures_shown() -> None:
-    floors = {"floor_process_spawn": 1.0, "floor_http_round_trip": 0.2, "floor_idle_process": 0.5}
+    floors = {
+        "floor_process_spawn": 1.0,
+        "floor_http_round_trip": 0.2,
+        "floor_http_upload": 50.0,
+        "floor_http_download": 100.0,
+        "floor_idle_process": 0.5,
+    }
     crun = backends.summarise(_raw(0.004))
     gvisor = backends.summarise(_raw(0.008, pause_error="SandboxException: 501: not implemented"))
     report = {
         "started_at": "2026-12-01T19:00:00Z",
-        "counts": {"sandboxes": 3},
+        "counts": {"sandboxes": 3, "transfer_mib": 100},
         "backends": {
             "crun": {"results": crun, "floors": floors, "ratios": backends.ratios(crun, floors)},
             "gvisor": {"results": gvisor, "floors": floors, "ratios": backends.ratios(gvisor, floors)},
@@ -68,6 +86,9 @@ def test_the_table_puts_backends_side_by_side_with_refusals_and_failures_shown()
     table = backends.table(report)
     assert "| metric | crun | gvisor | docker |" in table
     assert "| warm commands.run(true) | 4.0 ms (x20.0) | 8.0 ms (x40.0) | failed |" in table
+    # 100 MiB in the p50 of 0.5 s: 209.7 MB/s, ten times the floor's 50 ms; 0.2 s: 524.3 MB/s, twice 100 ms.
+    assert "| upload (files.write) | 209.7 MB/s (x10.0) | 209.7 MB/s (x10.0) | failed |" in table
+    assert "| download (files.read) | 524.3 MB/s (x2.0) | 524.3 MB/s (x2.0) | failed |" in table
     assert (
         "| pause → resume → command | 200.0 ms (x1000.0) | n/a (SandboxException: 501: not implemented) | failed |"
         in table
@@ -93,7 +114,7 @@ def test_the_ratios_of_a_run_are_against_one_set_of_floors(monkeypatch: pytest.M
     monkeypatch.setattr(backends, "idle_process_floor", lambda count: 1.0)
     fake = backend_entry("fake")
     monkeypatch.setattr(backends, "backend_entry", lambda name: fake)  # whatever the real table holds
-    report = backends.run(("crun", "gvisor", "docker"), (1, 1, 1, 1), 60.0)
+    report = backends.run(("crun", "gvisor", "docker"), (1, 1, 1, 1, 1, 1), 60.0)
     assert report["floors"]["floor_process_spawn"] == pytest.approx(2.0), "the median of the three runs' floors"
     assert report["backends"]["crun"]["floors"]["floor_process_spawn"] == pytest.approx(1.0), "each kept as measured"
     ratios = {name: entry["ratios"]["create_to_first_run"] for name, entry in report["backends"].items()}

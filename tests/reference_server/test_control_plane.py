@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.backend import State
+from runtime.backend import BackendError, State
 
 from .conftest import ALICE, BOB, Plane, conforms
 
@@ -168,6 +168,68 @@ async def test_pause_twice_is_409_and_connect_resumes_with_201(plane: Plane) -> 
     assert again.status_code == 200
     assert again.json()["envdAccessToken"] == resumed.json()["envdAccessToken"]
     refused(await plane.client.post(f"/sandboxes/{sandbox_id}/resume", json={}, headers=A), 409)
+
+
+async def test_connect_without_memory_boots_a_memory_paused_sandbox_afresh(plane: Plane) -> None:
+    """``memory: false`` (``on_resume="reboot"``): never a memory restore in its place; a no-op otherwise."""
+    sandbox_id = (await plane.create(envVars={"E": "1"}))["sandboxID"]
+
+    def boots() -> int:
+        return plane.backend._sandboxes[sandbox_id].boot
+
+    assert boots() == 1
+    await plane.client.post(f"/sandboxes/{sandbox_id}/pause", json={"memory": True}, headers=A)
+    calls = len(plane.initializer.calls)
+    rebooted = await plane.client.post(f"/v2/sandboxes/{sandbox_id}/connect", json={"memory": False}, headers=A)
+    assert rebooted.status_code == 201, rebooted.text
+    conforms("Sandbox", rebooted.json())
+    assert boots() == 2, "the kept processes were resumed instead of a fresh boot"
+    assert (await plane.backend.inspect(sandbox_id)).state is State.RUNNING
+    assert len(plane.initializer.calls) == calls + 1
+    assert plane.initializer.calls[-1][2]["envVars"] == {"E": "1"}
+    # The older route carries the field too (Python e2b 2.50 sends it there).
+    await plane.client.post(f"/sandboxes/{sandbox_id}/pause", json={"memory": True}, headers=A)
+    v1 = await plane.client.post(f"/sandboxes/{sandbox_id}/connect", json={"timeout": 60, "memory": False}, headers=A)
+    assert v1.status_code == 201, v1.text
+    assert boots() == 3
+    for route in (f"/sandboxes/{sandbox_id}/connect", f"/v2/sandboxes/{sandbox_id}/connect"):
+        refused(await plane.client.post(route, json={"timeout": 60, "memory": "no"}, headers=A), 400)
+    # Running: nothing to do, 200. Memory kept and asked for: restored, no boot.
+    running = await plane.client.post(f"/v2/sandboxes/{sandbox_id}/connect", json={"memory": False}, headers=A)
+    assert running.status_code == 200
+    await plane.client.post(f"/sandboxes/{sandbox_id}/pause", json={"memory": True}, headers=A)
+    restored = await plane.client.post(f"/v2/sandboxes/{sandbox_id}/connect", json={"memory": True}, headers=A)
+    assert restored.status_code == 201
+    assert boots() == 3
+    # Paused without memory: boots afresh either way (the in-memory backend refuses a discard there).
+    await plane.client.post(f"/sandboxes/{sandbox_id}/pause", json={"memory": False}, headers=A)
+    cold = await plane.client.post(f"/v2/sandboxes/{sandbox_id}/connect", json={"memory": False}, headers=A)
+    assert cold.status_code == 201, cold.text
+    assert boots() == 4
+
+
+async def test_a_reboot_that_fails_after_the_discard_is_remembered_as_memoryless(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sandbox_id = (await plane.create())["sandboxID"]
+    await plane.client.post(f"/sandboxes/{sandbox_id}/pause", json={"memory": True}, headers=A)
+    real_resume = plane.backend.resume
+
+    async def failing_resume(sandbox_id: str) -> Any:
+        raise BackendError("the boot failed")
+
+    monkeypatch.setattr(plane.backend, "resume", failing_resume)
+    failed = await plane.client.post(f"/v2/sandboxes/{sandbox_id}/connect", json={"memory": False}, headers=A)
+    assert failed.status_code == 500, failed.text
+    assert (await plane.backend.inspect(sandbox_id)).state is State.STOPPED
+    record = await plane.store.get(sandbox_id)
+    assert record is not None
+    assert record.details.paused_memory is False, "a later restore would find no processes to thaw"
+    monkeypatch.setattr(plane.backend, "resume", real_resume)
+    # A plain connect now boots afresh (and runs the start command again), as after a filesystem pause.
+    again = await plane.client.post(f"/v2/sandboxes/{sandbox_id}/connect", json={}, headers=A)
+    assert again.status_code == 201, again.text
+    assert plane.backend._sandboxes[sandbox_id].boot == 2
 
 
 async def test_filesystem_pause_restarts_processes_and_resume_reinitializes(plane: Plane) -> None:

@@ -79,6 +79,7 @@ def upstream_app(probe: Probe) -> Starlette:
                 "body": body.decode("latin-1"),
                 "length": length,
                 "sha256": digest.hexdigest(),
+                "client_port": request.client.port if request.client else None,
             }
         )
 
@@ -572,3 +573,54 @@ def test_websocket_refused_without_the_http_response_extension_is_closed(dead_po
     upstream = Upstream("127.0.0.1", dead_port)
     sent = asyncio.run(forward_once(websocket_scope({}), {"type": "websocket.connect"}, upstream))
     assert sent == [{"type": "websocket.close", "code": 1014}]
+
+
+def test_forget_closes_the_idle_pooled_connections_to_one_host(upstream: ServerThread) -> None:
+    """A sandbox's processes stopped: the next request to its address opens a connection of its own.
+
+    The upstream answers with the client's port, which names the connection the proxy used.
+    """
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/echo/x",
+        "raw_path": b"/echo/x",
+        "query_string": b"",
+        "headers": [(b"host", b"x")],
+    }
+
+    async def ports() -> list[int]:
+        proxy = SandboxProxy()
+        seen: list[int] = []
+
+        async def one() -> None:
+            sent: list[Message] = []
+            messages: list[Message] = [{"type": "http.request", "body": b"", "more_body": False}]
+
+            async def receive() -> Message:
+                if messages:
+                    return messages.pop()
+                await asyncio.Event().wait()  # the client stays until the proxy is done
+                raise AssertionError("unreachable")
+
+            async def send(message: Message) -> None:
+                sent.append(message)
+
+            await proxy.forward(scope, receive, send, Upstream("127.0.0.1", upstream.port))
+            body = b"".join(message.get("body", b"") for message in sent[1:])
+            seen.append(int(json.loads(body)["client_port"]))
+
+        try:
+            await one()
+            await one()  # kept alive: the same connection
+            await proxy.forget("127.0.0.2")  # another address: nothing closed
+            await one()
+            await proxy.forget("127.0.0.1")
+            await one()
+        finally:
+            await proxy.aclose()
+        return seen
+
+    first, second, third, fourth = asyncio.run(ports())
+    assert first == second == third, "the pool kept its connection, and forgetting another host left it"
+    assert fourth != first, "the connection to the forgotten host was reused"

@@ -110,6 +110,10 @@ def backend_machine(make_backend: Callable[[], Backend], template: str, max_step
             self._act(sandbox_id, Action.RESUME, lambda: self.backend.resume(sandbox_id))
 
         @rule(sandbox_id=sandboxes)
+        def discard_memory(self, sandbox_id: str) -> None:
+            self._act(sandbox_id, Action.DISCARD_MEMORY, lambda: self.backend.discard_memory(sandbox_id))
+
+        @rule(sandbox_id=sandboxes)
         def snapshot(self, sandbox_id: str) -> None:
             state = self.model.get(sandbox_id)
             if state is None:

@@ -444,6 +444,26 @@ const scenarios = {
     }
   },
 
+  'sandbox/connect-reboot': async () => {
+    const sbx = await Sandbox.create({ timeoutMs: 120000 })
+    try {
+      await sbx.files.write('/home/user/kept.txt', 'kept across the reboot')
+      const handle = await sbx.commands.run('sleep 600', { background: true })
+      await sbx.commands.run('echo in-memory > /dev/shm/mark')
+      const paused = await sbx.pause()
+      const again = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 120000, onResume: 'reboot' })
+      return {
+        paused,
+        file: await again.files.read('/home/user/kept.txt'),
+        process_gone: !(await again.commands.list()).some((p) => p.pid === handle.pid),
+        shm: (await again.commands.run('cat /dev/shm/mark 2>/dev/null || echo gone')).stdout,
+        running: await again.isRunning(),
+      }
+    } finally {
+      await sbx.kill()
+    }
+  },
+
   'sandbox/snapshot-restore': async () => {
     const source = await Sandbox.create({ timeoutMs: 120000 })
     const other = await Sandbox.create({ timeoutMs: 120000 })

@@ -407,6 +407,26 @@ async def _pause_filesystem(work: str) -> dict[str, Any]:
         await sbx.kill()
 
 
+@scenario("sandbox/connect-reboot")
+async def _connect_reboot(work: str) -> dict[str, Any]:
+    sbx = await AsyncSandbox.create(timeout=120)
+    try:
+        await sbx.files.write("/home/user/kept.txt", "kept across the reboot")
+        handle = await sbx.commands.run("sleep 600", background=True)
+        await sbx.commands.run("echo in-memory > /dev/shm/mark")
+        paused = await sbx.pause()
+        again = await AsyncSandbox.connect(sbx.sandbox_id, timeout=120, on_resume="reboot")
+        return {
+            "paused": paused,
+            "file": await again.files.read("/home/user/kept.txt"),
+            "process_gone": handle.pid not in [p.pid for p in await again.commands.list()],
+            "shm": (await again.commands.run("cat /dev/shm/mark 2>/dev/null || echo gone")).stdout,
+            "running": await again.is_running(),
+        }
+    finally:
+        await sbx.kill()
+
+
 async def _snapshot_pages(paginator: Any) -> list[list[str]]:
     """A snapshot list's pages, at most five: a cursor the server ignores would page forever."""
     pages: list[list[str]] = []

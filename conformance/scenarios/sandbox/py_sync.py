@@ -380,6 +380,27 @@ def _pause_filesystem(work: str) -> dict[str, Any]:
         sbx.kill()
 
 
+@scenario("sandbox/connect-reboot")
+def _connect_reboot(work: str) -> dict[str, Any]:
+    """connect(on_resume="reboot") of a sandbox paused with its memory: a fresh boot from its files."""
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.files.write("/home/user/kept.txt", "kept across the reboot")
+        handle = sbx.commands.run("sleep 600", background=True)
+        sbx.commands.run("echo in-memory > /dev/shm/mark")  # a tmpfs: only a memory restore keeps it
+        paused = sbx.pause()
+        again = Sandbox.connect(sbx.sandbox_id, timeout=120, on_resume="reboot")
+        return {
+            "paused": paused,
+            "file": again.files.read("/home/user/kept.txt"),
+            "process_gone": handle.pid not in [p.pid for p in again.commands.list()],
+            "shm": again.commands.run("cat /dev/shm/mark 2>/dev/null || echo gone").stdout,
+            "running": again.is_running(),
+        }
+    finally:
+        sbx.kill()
+
+
 def _snapshot_pages(paginator: Any) -> list[list[str]]:
     """A snapshot list's pages, at most five: a cursor the server ignores would page forever."""
     pages: list[list[str]] = []
