@@ -41,8 +41,10 @@ PTY_CHUNK = 16 * 1024
 PTY_HANGUP_POLL_S = 0.25
 _QUEUE_DEPTH = 64
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Exec through sh so an unknown command behaves as upstream: it starts, says "not found"
-# on stderr and exits 127, instead of failing the RPC. ``exec`` keeps the reported pid.
+# A command that cannot be executed (not found, not executable, no interpreter line) is started
+# again through sh, so it behaves as upstream: it starts, says why on stderr and exits 127 (or
+# 126), instead of failing the RPC; sh also runs a script without a ``#!`` line as a shell script.
+# ``exec`` keeps the reported pid. Only then: a second exec costs every command about a millisecond.
 _SHELL_EXEC = ("/bin/sh", "-c", 'exec "$0" "$@"')
 
 
@@ -252,7 +254,10 @@ class ProcessTable:
                 stderr=asyncio.subprocess.PIPE,
             )
         try:
-            proc = await asyncio.create_subprocess_exec(*_SHELL_EXEC, spec.cmd, *spec.args, **kwargs)
+            try:
+                proc = await asyncio.create_subprocess_exec(spec.cmd, *spec.args, **kwargs)
+            except OSError:  # sh tells it as a shell would (nothing ran, no output was read)
+                proc = await asyncio.create_subprocess_exec(*_SHELL_EXEC, spec.cmd, *spec.args, **kwargs)
         except OSError as exc:
             if master_fd is not None:
                 os.close(master_fd)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +92,60 @@ def test_nobody_holds_a_terminal_that_no_process_has_open() -> None:
         os.close(master)
         if slave >= 0:
             os.close(slave)
+
+
+async def _run(spec: Spec) -> tuple[int, bytes, bytes]:
+    """The exit code, stdout and stderr of a process run to its end."""
+    _, queue = await ProcessTable().start(spec, None)
+    streams = {"stdout": b"", "stderr": b"", "pty": b""}
+    while True:
+        event: Event = await asyncio.wait_for(queue.get(), 10)
+        if isinstance(event, Output):
+            streams[event.stream] += event.data
+        else:
+            assert isinstance(event, Exit)
+            return event.exit_code, streams["stdout"], streams["stderr"]
+
+
+def _plain(cmd: str, *args: str) -> Spec:
+    return Spec(cmd, args, dict(os.environ), "/tmp", ME, False, None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("cmd", "code", "says"),
+    [
+        ("no-such-command-e2b", 127, b"not found"),
+        ("/no/such/path-e2b", 127, b"not found"),
+        ("/etc", 126, b"ermission denied"),  # a directory: execve's EACCES, as sh reports it
+    ],
+)
+def test_a_command_that_cannot_be_executed_starts_and_ends_as_a_shell_says(cmd: str, code: int, says: bytes) -> None:
+    exit_code, stdout, stderr = asyncio.run(_run(_plain(cmd, "arg")))
+    assert (exit_code, stdout) == (code, b"")
+    assert says in stderr, stderr
+
+
+def test_a_script_without_an_interpreter_line_runs_as_a_shell_script(tmp_path: Path) -> None:
+    script = tmp_path / "plain-script"
+    script.write_text('echo "ran with $1"\n')
+    script.chmod(0o755)
+    exit_code, stdout, _ = asyncio.run(_run(_plain(str(script), "its-argument")))
+    assert (exit_code, stdout) == (0, b"ran with its-argument\n")
+
+
+def test_sh_is_asked_only_about_a_command_that_cannot_be_executed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command that can run is executed as it is: the second exec through sh costs every command."""
+    monkeypatch.setattr(_processes, "_SHELL_EXEC", ("/no/such/shell-e2b",))
+    code = "import os; print(os.getpid())"
+
+    async def go() -> None:
+        managed, queue = await ProcessTable().start(_plain(sys.executable, "-c", code), None)
+        out = b""
+        while not isinstance(event := await asyncio.wait_for(queue.get(), 10), Exit):
+            if isinstance(event, Output):
+                out += event.data
+        assert int(out) == managed.pid, "the reported pid is the command's own"
+        with pytest.raises(_processes.ProcessError, match="no-such-command-e2b"):
+            await ProcessTable().start(_plain("no-such-command-e2b"), None)
+
+    asyncio.run(go())
