@@ -21,7 +21,8 @@ from runtime.agent import _processes
 from runtime.agent._processes import Event, Exit, Output, ProcessTable, Spec
 from runtime.agent._users import User
 
-ME = User("me", os.getuid(), os.getgid(), "/tmp", (os.getgid(),))
+# The test process itself: starting a process as ME changes no ids.
+ME = User("me", os.getuid(), os.getgid(), "/tmp", tuple(os.getgroups()))
 
 
 def pty_spec(command: str) -> Spec:
@@ -149,3 +150,23 @@ def test_sh_is_asked_only_about_a_command_that_cannot_be_executed(monkeypatch: p
             await ProcessTable().start(_plain("no-such-command-e2b"), None)
 
     asyncio.run(go())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a process's ids needs root")
+@pytest.mark.parametrize("mechanism", ["setpriv", "python"])
+def test_a_process_gets_its_users_ids_and_groups(mechanism: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if mechanism == "python":
+        monkeypatch.setattr(_processes, "_SETPRIV", None)
+    else:
+        assert _processes._SETPRIV is not None, "util-linux's setpriv is on every Debian host"
+    nobody = User("nobody", 65534, 65534, "/tmp", (65534, 100))
+    spec = Spec("id", ("-u",), {"PATH": "/usr/bin:/bin"}, "/tmp", nobody, False, None, None, None)
+    exit_code, stdout, _ = asyncio.run(_run(spec))
+    assert (exit_code, stdout) == (0, b"65534\n")
+    for flag, expected in (("-g", b"65534\n"), ("-G", b"65534 100\n")):
+        spec = Spec("id", (flag,), {"PATH": "/usr/bin:/bin"}, "/tmp", nobody, False, None, None, None)
+        assert asyncio.run(_run(spec))[1] == expected
+    missing = Spec("no-such-command-e2b", (), {"PATH": "/usr/bin:/bin"}, "/tmp", nobody, False, None, None, None)
+    exit_code, _, stderr = asyncio.run(_run(missing))
+    assert exit_code == 127
+    assert b"not found" in stderr, stderr
