@@ -28,6 +28,7 @@ import os
 import shutil
 import signal
 import struct
+import subprocess
 import termios
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -50,9 +51,25 @@ _SHELL_EXEC = ("/bin/sh", "-c", 'exec "$0" "$@"')
 # Python forks (never vforks) a child that must change its uid, gid or groups, and a fork copies
 # the agent's page tables: ~3 ms a command against ~0.7 ms (measured in a sandbox, 40 MiB
 # resident). So a command for another user is vforked as util-linux's setpriv, which takes the
-# user's ids and executes it (~0.6 ms). Without setpriv (an image that lacks it) or with a PTY
-# (whose set-up needs code in the child), Python changes the ids itself.
-_SETPRIV = shutil.which("setpriv", path="/usr/bin:/bin")
+# user's ids and executes it (~0.6 ms). Without util-linux's setpriv (an image that lacks it, or
+# has BusyBox's, which takes other options) or with a PTY (whose set-up needs code in the child),
+# Python changes the ids itself. Asked once, on the first command that changes ids.
+_SETPRIV: str | None = None
+_setpriv_checked = False
+
+
+def _setpriv() -> str | None:
+    global _SETPRIV, _setpriv_checked  # noqa: PLW0603 - one answer per agent process
+    if not _setpriv_checked:
+        _setpriv_checked = True
+        found = shutil.which("setpriv", path="/usr/bin:/bin")
+        if found is not None:
+            try:
+                said = subprocess.run([found, "--version"], capture_output=True, timeout=5, check=False).stdout
+            except (OSError, subprocess.SubprocessError):
+                said = b""
+            _SETPRIV = found if b"util-linux" in said else None
+    return _SETPRIV
 
 
 class ProcessError(AgentError):
@@ -142,12 +159,13 @@ def _argv(spec: Spec, kwargs: dict[str, Any]) -> tuple[str, ...]:
         sorted(os.getgroups()),
     ):
         return argv  # no change of identity: Python vforks
-    if _SETPRIV is None or spec.pty_size is not None:
+    setpriv = _setpriv() if spec.pty_size is None else None
+    if setpriv is None:
         _ids_by_python(spec, kwargs)
         return argv
     groups = ",".join(str(group) for group in user.groups)
     identity = ["--groups=" + groups] if groups else ["--clear-groups"]
-    return (_SETPRIV, f"--reuid={user.uid}", f"--regid={user.gid}", *identity, "--", *argv)
+    return (setpriv, f"--reuid={user.uid}", f"--regid={user.gid}", *identity, "--", *argv)
 
 
 def _ids_by_python(spec: Spec, kwargs: dict[str, Any]) -> None:

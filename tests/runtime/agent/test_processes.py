@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -156,9 +157,9 @@ def test_sh_is_asked_only_about_a_command_that_cannot_be_executed(monkeypatch: p
 @pytest.mark.parametrize("mechanism", ["setpriv", "python"])
 def test_a_process_gets_its_users_ids_and_groups(mechanism: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if mechanism == "python":
-        monkeypatch.setattr(_processes, "_SETPRIV", None)
+        monkeypatch.setattr(_processes, "_setpriv", lambda: None)
     else:
-        assert _processes._SETPRIV is not None, "util-linux's setpriv is on every Debian host"
+        assert _processes._setpriv() is not None, "util-linux's setpriv is on every Debian host"
     nobody = User("nobody", 65534, 65534, "/tmp", (65534, 100))
     spec = Spec("id", ("-u",), {"PATH": "/usr/bin:/bin"}, "/tmp", nobody, False, None, None, None)
     exit_code, stdout, _ = asyncio.run(_run(spec))
@@ -170,3 +171,16 @@ def test_a_process_gets_its_users_ids_and_groups(mechanism: str, monkeypatch: py
     exit_code, _, stderr = asyncio.run(_run(missing))
     assert exit_code == 127
     assert b"not found" in stderr, stderr
+
+
+def test_a_setpriv_that_is_not_util_linuxs_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """BusyBox's setpriv takes other options: with it, Python changes the ids itself."""
+    fake = tmp_path / "setpriv"
+    fake.write_text("#!/bin/sh\necho 'BusyBox v1.36.1 multi-call binary.'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(_processes, "_setpriv_checked", False)
+    monkeypatch.setattr(shutil, "which", lambda name, path=None: str(fake))
+    assert _processes._setpriv() is None
+    monkeypatch.setattr(_processes, "_setpriv_checked", False)
+    fake.write_text("#!/bin/sh\necho 'setpriv from util-linux 2.38.1'\n")
+    assert _processes._setpriv() == str(fake)
