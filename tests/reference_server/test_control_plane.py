@@ -542,6 +542,10 @@ async def test_network_update_refuses_rules(plane: Plane) -> None:
 async def test_unknown_routes_and_methods_use_the_error_shape(plane: Plane) -> None:
     refused(await plane.client.get("/nothing-here", headers=A), 404)
     refused(await plane.client.patch("/sandboxes", headers=A), 405)
+    # The newer clients' Secret API, declared unsupported (conformance/features.json, "secrets").
+    refused(await plane.client.get("/secrets", headers=A), 404)
+    refused(await plane.client.post("/secrets", json={"name": "n", "value": "v"}, headers=A), 404)
+    refused(await plane.client.delete("/secrets/some-id", headers=A), 404)
 
 
 async def test_a_failed_start_leaves_nothing(plane: Plane) -> None:
