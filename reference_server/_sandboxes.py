@@ -719,8 +719,12 @@ class SandboxService:
         self.metrics.drop(record.sandbox_id)
 
     async def _released(self, address: str | None) -> None:
+        """Tell ``address_released``; never raises (the pause or kill it follows is done)."""
         if address is not None and self.address_released is not None:
-            await self.address_released(address)
+            try:
+                await self.address_released(address)
+            except Exception:
+                log.exception("closing the proxy's connections to a released sandbox address")
 
     async def set_timeout(self, owner: str, sandbox_id: str, timeout_s: int) -> None:
         """E2B's set_timeout: the sandbox expires ``timeout_s`` from now, sooner or later than before."""

@@ -220,8 +220,9 @@ async def connect_v2(request: Request, caller: Caller) -> Response:
 
 
 async def _connect(request: Request, caller: Caller, body: dict[str, Any], timeout: int) -> Response:
-    # memory: false (Python e2b from 2.50 on /connect, later on /v2/.../connect; npm likewise) asks
-    # for a fresh boot of a sandbox paused with its memory, never a memory restore in its place.
+    # memory: false (Python e2b from 2.48 and npm from 2.49 on /connect, both from 2.51 on
+    # /v2/.../connect) asks for a fresh boot of a sandbox paused with its memory, never a memory
+    # restore in its place.
     memory = body.get("memory", True)
     if not isinstance(memory, bool):
         raise ApiError(400, "Invalid request body: memory: must be of type boolean")
