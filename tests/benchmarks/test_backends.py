@@ -9,6 +9,14 @@ import pytest
 from benchmarks import backends
 from runtime.backends import backend_entry
 
+FLOORS = {
+    "floor_process_spawn": 1.0,
+    "floor_http_round_trip": 0.2,
+    "floor_http_upload": 50.0,
+    "floor_http_download": 100.0,
+    "floor_idle_process": 0.5,
+}
+
 
 def _raw(command_s: float, pause_error: str | None = None) -> dict[str, Any]:
     raw: dict[str, Any] = {
@@ -39,13 +47,7 @@ def test_a_summary_has_p50s_idle_memory_per_sandbox_and_ratios_to_its_floors() -
     assert results["create_to_first_run"] == {"p50_ms": pytest.approx(600.0), "max_ms": pytest.approx(700.0), "n": 3}
     assert results["idle_memory_host_drop"] == {"mib": pytest.approx(10.0), "n": 4}
     assert results["idle_memory_per_sandbox"] == {"mib": pytest.approx(9.0), "n": 3}, "the median of the figures"
-    floors = {
-        "floor_process_spawn": 1.0,
-        "floor_http_round_trip": 0.2,
-        "floor_http_upload": 50.0,
-        "floor_http_download": 100.0,
-        "floor_idle_process": 0.5,
-    }
+    floors = FLOORS
     assert backends.ratios(results, floors) == {
         "create_to_first_run": pytest.approx(600.0),
         "warm_commands_run_true": pytest.approx(20.0),
@@ -65,13 +67,7 @@ def test_a_backend_without_a_memory_figure_says_why() -> None:
 
 
 def test_the_table_puts_backends_side_by_side_with_refusals_and_failures_shown() -> None:
-    floors = {
-        "floor_process_spawn": 1.0,
-        "floor_http_round_trip": 0.2,
-        "floor_http_upload": 50.0,
-        "floor_http_download": 100.0,
-        "floor_idle_process": 0.5,
-    }
+    floors = FLOORS
     crun = backends.summarise(_raw(0.004))
     gvisor = backends.summarise(_raw(0.008, pause_error="SandboxException: 501: not implemented"))
     report = {

@@ -447,9 +447,15 @@ def unanswered() -> Iterator[Upstream]:
                 filler.close()
 
 
-async def forward_once(scope: Scope, first: Message, upstream: Upstream) -> list[Message]:
-    """One request through a proxy (connect timeout 0.3 s) from an in-memory ASGI server: what it sent."""
-    proxy = SandboxProxy(connect_timeout=0.3)
+async def forward_once(
+    scope: Scope, first: Message, upstream: Upstream, proxy: SandboxProxy | None = None
+) -> list[Message]:
+    """One request through ``proxy`` from an in-memory ASGI server: what it sent.
+
+    Without a proxy, through one of its own (connect timeout 0.3 s), closed afterwards.
+    """
+    own = proxy is None
+    proxy = proxy or SandboxProxy(connect_timeout=0.3)
     sent: list[Message] = []
     messages = [first]
 
@@ -465,7 +471,8 @@ async def forward_once(scope: Scope, first: Message, upstream: Upstream) -> list
     try:
         await proxy.forward(scope, receive, send, upstream)
     finally:
-        await proxy.aclose()
+        if own:
+            await proxy.aclose()
     return sent
 
 
@@ -594,19 +601,8 @@ def test_forget_closes_the_idle_pooled_connections_to_one_host(upstream: ServerT
         seen: list[int] = []
 
         async def one() -> None:
-            sent: list[Message] = []
-            messages: list[Message] = [{"type": "http.request", "body": b"", "more_body": False}]
-
-            async def receive() -> Message:
-                if messages:
-                    return messages.pop()
-                await asyncio.Event().wait()  # the client stays until the proxy is done
-                raise AssertionError("unreachable")
-
-            async def send(message: Message) -> None:
-                sent.append(message)
-
-            await proxy.forward(scope, receive, send, Upstream("127.0.0.1", upstream.port))
+            first: Message = {"type": "http.request", "body": b"", "more_body": False}
+            sent = await forward_once(scope, first, Upstream("127.0.0.1", upstream.port), proxy)
             body = b"".join(message.get("body", b"") for message in sent[1:])
             seen.append(int(json.loads(body)["client_port"]))
 
