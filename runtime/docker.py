@@ -547,9 +547,7 @@ class DockerBackend:
 
     def _stop(self, record: Record, container: Container) -> None:
         """Every process ends (SIGKILL, as crun's delete); the container and its writable layer stay."""
-        with contextlib.suppress(docker.errors.APIError):  # not running any more: fine
-            container.kill()
-        container.wait(timeout=30)
+        _end_processes(container)
         if record.network is not None:
             _network.destroy(_network.SandboxNetwork.from_record(record.network))  # the lease is kept
 
@@ -578,19 +576,10 @@ class DockerBackend:
                 container = await asyncio.to_thread(self._container, record)
                 if container is None:
                     raise BackendError(f"the container of sandbox {sandbox_id} is gone")
-                await asyncio.to_thread(self._stop_frozen, record, container)
+                await asyncio.to_thread(self._stop, record, container)
                 record.state = target.value
                 self._save(record)
             return self._info(record)
-
-    def _stop_frozen(self, record: Record, container: Container) -> None:
-        """``_stop`` of a paused container: SIGKILL is sent first, so it is all the processes see on unpausing."""
-        with contextlib.suppress(docker.errors.APIError):  # the engine may refuse to signal a paused one
-            container.kill()
-        container.reload()
-        if container.status == "paused":
-            container.unpause()
-        self._stop(record, container)
 
     # -- releasing ------------------------------------------------------------------
 
@@ -624,12 +613,7 @@ class DockerBackend:
         """A kill's part on its path: processes, network and lease end; the container goes to the reaper."""
         container = self._container(record) if record.container else None
         if container is not None:
-            with contextlib.suppress(docker.errors.APIError):  # not running any more: fine
-                container.kill()
-            container.reload()
-            if container.status == "paused":  # a frozen cgroup holds the SIGKILL until it thaws
-                container.unpause()
-            container.wait(timeout=30)
+            _end_processes(container)
         self._unmap_volumes(record)  # the processes that used the views are gone
         self._unplug(record)
         # Named apart: the same id may be killed again (a record made again after a crash) before a reap.
@@ -843,3 +827,14 @@ def _engine_errors() -> Any:
         raise BackendError(f"an image is missing: {exc.explanation or exc}") from exc
     except docker.errors.DockerException as exc:
         raise BackendError(f"the Docker Engine failed: {getattr(exc, 'explanation', None) or exc}") from exc
+
+
+def _end_processes(container: Container) -> None:
+    """SIGKILL every process of ``container`` and wait for them; a paused one is unpaused after the
+    signal, which its frozen cgroup holds, so no code of theirs runs again."""
+    with contextlib.suppress(docker.errors.APIError):  # not running any more: fine
+        container.kill()
+    container.reload()
+    if container.status == "paused":
+        container.unpause()
+    container.wait(timeout=30)

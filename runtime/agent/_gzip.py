@@ -36,13 +36,12 @@ _FINAL_BLOCK = b"\x01\x00\x00\xff\xff"
 
 def _stored(data: bytes) -> bytes:
     """``data`` as non-final stored blocks, starting and ending on a byte boundary."""
-    out = bytearray()
     view = memoryview(data)
+    parts: list[bytes | memoryview] = []
     for start in range(0, len(view), _STORED_MAX):
         piece = view[start : start + _STORED_MAX]
-        out += struct.pack("<BHH", 0, len(piece), len(piece) ^ 0xFFFF)
-        out += piece
-    return bytes(out)
+        parts += (struct.pack("<BHH", 0, len(piece), len(piece) ^ 0xFFFF), piece)
+    return b"".join(parts)  # the one copy of the bytes
 
 
 def _pays(piece: bytes) -> bool:

@@ -6,6 +6,7 @@ Every success body is validated against the derived contract's schema; every ref
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import urllib.parse
 from datetime import timedelta, timezone
@@ -206,6 +207,15 @@ async def test_connect_without_memory_boots_a_memory_paused_sandbox_afresh(plane
     cold = await plane.client.post(f"/v2/sandboxes/{sandbox_id}/connect", json={"memory": False}, headers=A)
     assert cold.status_code == 201, cold.text
     assert boots() == 4
+
+
+async def test_parallel_reboot_connects_boot_the_sandbox_once(plane: Plane) -> None:
+    sandbox_id = (await plane.create())["sandboxID"]
+    await plane.client.post(f"/sandboxes/{sandbox_id}/pause", json={"memory": True}, headers=A)
+    route = f"/v2/sandboxes/{sandbox_id}/connect"
+    answers = await asyncio.gather(*(plane.client.post(route, json={"memory": False}, headers=A) for _ in range(6)))
+    assert sorted(answer.status_code for answer in answers) == [200] * 5 + [201]
+    assert plane.backend._sandboxes[sandbox_id].boot == 2, "one fresh boot, the others found it running"
 
 
 async def test_a_reboot_that_fails_after_the_discard_is_remembered_as_memoryless(
