@@ -46,6 +46,8 @@ from runtime.backends import backend_entry, serving_backends
 HERE = Path(__file__).parent
 REPO = HERE.parent
 MAX_COUNT = 50  # per measurement: bounded whatever is asked
+MAX_IDLE = 300  # idle sandboxes: enough for the host's figure to rise above its noise
+MERGE_SETTLE_S = 180.0  # the longest wait for ksmd to have merged the idle sandboxes' agents
 MAX_TRANSFER_MIB = 1024
 # (key, label, floor key or None, unit). A ratio is always the figure's cost over its floor's: time
 # over time, memory over memory; throughput (MB/s of the p50 time) shows the same time ratio.
@@ -93,6 +95,38 @@ def idle_process_floor(count: int) -> float:
         for sleeper in sleepers:
             sleeper.kill()
             sleeper.wait()
+
+
+def settle_merging(deadline: float, *, limit_s: float = MERGE_SETTLE_S, window_s: float = 10.0) -> dict[str, float]:
+    """Wait until the host's same-page merging has merged what it will, then measure its CPU cost.
+
+    Settled: ``pages_sharing`` moved less than 1% over one full scan of ksmd (bounded by
+    ``limit_s`` and the backend's budget). Then ksmd's CPU time over ``window_s``, as a percentage
+    of one core: what keeping the idle sandboxes merged costs. Empty without KSM, or with it off.
+    """
+    from runtime.host import ksm_counters, ksmd_cpu_seconds  # noqa: PLC0415
+
+    counters = ksm_counters()
+    if not counters or Path("/sys/kernel/mm/ksm/run").read_text().strip() != "1":
+        return {}
+    end = min(deadline, time.monotonic() + limit_s)
+    sharing, started = -1, time.monotonic()
+    while time.monotonic() < end:
+        scans = ksm_counters().get("full_scans", 0)
+        while ksm_counters().get("full_scans", 0) == scans and time.monotonic() < end:
+            time.sleep(0.2)
+        now = ksm_counters().get("pages_sharing", 0)
+        if sharing >= 0 and abs(now - sharing) <= max(now, 1) * 0.01:
+            break
+        sharing = now
+    settled_s = time.monotonic() - started
+    cpu_before, window_start = ksmd_cpu_seconds(), time.monotonic()
+    time.sleep(max(0.0, min(window_s, deadline - time.monotonic())))
+    cpu_after, elapsed = ksmd_cpu_seconds(), time.monotonic() - window_start
+    result = {"pages_sharing": float(ksm_counters().get("pages_sharing", 0)), "settle_s": settled_s}
+    if cpu_before is not None and cpu_after is not None and elapsed > 0:
+        result["ksmd_cpu_percent"] = 100 * (cpu_after - cpu_before) / elapsed
+    return result
 
 
 def backend_memory(server: ManagedServer) -> list[int]:
@@ -148,6 +182,7 @@ def _drive_client(server: ManagedServer, counts: tuple[int, ...], deadline: floa
             if message.get("phase") == "idle-before":
                 memory["before"] = mem_available()
             elif message.get("phase") == "idle-up":
+                memory["ksm"] = settle_merging(deadline)  # the agents' pages merged first, where shared
                 memory["after"], memory["count"] = mem_available(), int(message["count"])
                 try:
                     memory["backend_bytes"] = backend_memory(server)
@@ -176,8 +211,14 @@ def bench_backend(name: str, counts: tuple[int, ...], budget_s: float) -> dict[s
     data_dir = Path(tempfile.mkdtemp(prefix=f"e2b-compat-bench-{name}-", dir="/var/tmp"))
     data_dir.chmod(0o755)  # idmapped sandbox users traverse it
     # No warm pool: the figures are each backend's own boot and idle cost (benchmarks.server has the pool's).
-    no_pool = {"E2B_COMPAT_SERVER_WARM_POOL_MEMORY_MB": "0"}
-    server = ManagedServer(data_dir, data_dir.with_suffix(".log"), backend=name, extra_env=no_pool)
+    settings = {
+        "E2B_COMPAT_SERVER_WARM_POOL_MEMORY_MB": "0",
+        # Density, not admission, is measured: up to MAX_IDLE idle sandboxes of the default 512 MiB
+        # limit are let in (they use a few MiB each; the limits would add up past the host's).
+        "E2B_COMPAT_SERVER_OWNER_MAX_RUNNING": str(MAX_IDLE + 10),
+        "E2B_COMPAT_SERVER_MEMORY_OVERCOMMIT": "1000",
+    }
+    server = ManagedServer(data_dir, data_dir.with_suffix(".log"), backend=name, extra_env=settings)
     try:
         server.start()
         raw = _drive_client(server, counts, deadline)
@@ -201,6 +242,8 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
         # Negative when something else on the host freed memory meanwhile: shown as it is.
         drop = (memory["before"] - memory["after"]) / memory["count"] / (1 << 20)
         out["idle_memory_host_drop"] = {"mib": drop, "n": memory["count"]}
+    if memory.get("ksm"):
+        out["same_page_merging"] = memory["ksm"]
     if memory.get("backend_bytes"):
         figures = memory["backend_bytes"]
         out["idle_memory_per_sandbox"] = {"mib": statistics.median(figures) / (1 << 20), "n": len(figures)}
@@ -259,6 +302,7 @@ def table(report: dict[str, Any]) -> str:
                 figure = throughput(report, value) if unit == "MB/s" else value
                 cells.append(f"{figure:.1f} {unit}" + (f" (x{ratio:.1f})" if ratio is not None else ""))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += _merging_notes(report, names)
     run_floors = ", ".join(f"{k} {v:.2f}" for k, v in sorted(report.get("floors", {}).items())) or "none"
     lines += [
         "",
@@ -272,6 +316,27 @@ def table(report: dict[str, Any]) -> str:
         error = report["backends"][name].get("error")
         lines.append(f"- {name}: {shown}" + (f"; error: {error[:300]}" if error else ""))
     return "\n".join(lines) + "\n"
+
+
+def _merging_notes(report: dict[str, Any], names: list[str]) -> list[str]:
+    """Per backend: what same-page merging held and cost, and how many such idle sandboxes fit in 24 GiB."""
+    notes = []
+    for name in names:
+        results = report["backends"][name].get("results", {})
+        drop = _value(results.get("idle_memory_host_drop"))
+        fit = f"; at that, {int(24 * 1024 / drop)} idle sandboxes in 24 GiB" if drop and drop > 0 else ""
+        merging = results.get("same_page_merging")
+        if merging:
+            cpu = merging.get("ksmd_cpu_percent")
+            notes.append(
+                f"- {name}: ksmd shared {merging['pages_sharing'] * 4 / 1024:.0f} MiB of pages, settled in "
+                f"{merging['settle_s']:.0f} s, then used {cpu:.1f}% of a core{fit}"
+                if cpu is not None
+                else f"- {name}: ksmd shared {merging['pages_sharing'] * 4 / 1024:.0f} MiB of pages{fit}"
+            )
+        elif fit:
+            notes.append(f"- {name}: no same-page merging{fit}")
+    return ["", "Idle memory, host view:", "", *notes] if notes else []
 
 
 COUNTS = ("sandboxes", "iterations", "idle", "pauses", "transfers", "transfer_mib")
@@ -316,7 +381,9 @@ def main() -> None:
     parser.add_argument("--backend", action="append", metavar="NAME", help="only this backend (repeatable)")
     parser.add_argument("--sandboxes", type=int, default=5, help="create → first command samples (default 5)")
     parser.add_argument("--iterations", type=int, default=30, help="warm round trips and floor samples (default 30)")
-    parser.add_argument("--idle", type=int, default=5, help="idle sandboxes up at once for memory (default 5)")
+    parser.add_argument(
+        "--idle", type=int, default=5, help=f"idle sandboxes up at once for memory (default 5, at most {MAX_IDLE})"
+    )
     parser.add_argument("--pauses", type=int, default=3, help="pause → resume samples (default 3)")
     parser.add_argument("--transfers", type=int, default=3, help="uploads and downloads (default 3)")
     parser.add_argument("--transfer-mib", type=int, default=100, help="MiB per transfer (default 100)")
@@ -329,10 +396,14 @@ def main() -> None:
     chosen = tuple(args.backend or serving)
     if unknown := [name for name in chosen if name not in serving]:
         raise SystemExit(f"not serving backends: {', '.join(unknown)} (serving: {', '.join(serving)})")
-    bounded = (
-        max(1, min(v, MAX_COUNT)) for v in (args.sandboxes, args.iterations, args.idle, args.pauses, args.transfers)
+    counts = (
+        max(1, min(args.sandboxes, MAX_COUNT)),
+        max(1, min(args.iterations, MAX_COUNT)),
+        max(1, min(args.idle, MAX_IDLE)),
+        max(1, min(args.pauses, MAX_COUNT)),
+        max(1, min(args.transfers, MAX_COUNT)),
+        max(1, min(args.transfer_mib, MAX_TRANSFER_MIB)),
     )
-    counts = (*bounded, max(1, min(args.transfer_mib, MAX_TRANSFER_MIB)))
     report = run(chosen, counts, args.budget_seconds)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")

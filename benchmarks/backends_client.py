@@ -3,8 +3,9 @@
 ``python -I backends_client.py <sandboxes> <iterations> <idle> <pauses> <transfers> <MiB>`` prints
 JSON lines:
 
-- ``{"phase": "idle-before"}`` and ``{"phase": "idle-up"}`` around starting ``<idle>`` sandboxes,
-  each time waiting for a line on stdin (the parent measures the host's memory meanwhile);
+- first, ``{"phase": "idle-before"}`` and ``{"phase": "idle-up"}`` around starting ``<idle>``
+  sandboxes, each time waiting for a line on stdin (the parent measures the host's memory
+  meanwhile; nothing the later phases allocate and free can move that figure);
 - last, ``{"result": {...}}``: samples in seconds of create → first ``commands.run("true")``
   (``<sandboxes>`` sandboxes one after another), warm ``commands.run("true")``, memory pause →
   resume (``pause()`` then ``connect()`` and a command), ``<transfers>`` uploads and downloads of
@@ -31,6 +32,8 @@ from e2b import Sandbox
 # -I leaves the checkout out of sys.path; the floor server is the one client_roundtrip.py uses.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.client_roundtrip import _floor_server, _transfer_floor_server
+
+IDLE_TIMEOUT_S = 1800  # idle sandboxes live through hundreds of creates and the host's settling
 
 
 def _emit(document: dict[str, Any]) -> None:
@@ -120,7 +123,7 @@ def _idle(count: int) -> None:
     made = []
     try:
         for _ in range(count):
-            made.append(Sandbox.create())
+            made.append(Sandbox.create(timeout=IDLE_TIMEOUT_S))  # outlives the creates and ksmd's settling
         for sbx in made:
             sbx.commands.run("true")  # each agent has answered once: what an idle, used sandbox holds
         time.sleep(3)
@@ -140,6 +143,8 @@ def main() -> None:
         "floor_process_spawn": _timed(lambda: subprocess.run(["/bin/true"], check=True), iterations),
         "floor_http_round_trip": _timed(lambda: raw.get(f"http://127.0.0.1:{port}/"), iterations),
     }
+    # Idle memory first: the transfers' buffers, freed later, would show as memory the sandboxes gave back.
+    _idle(idle)
     result |= _create_to_first_run(sandboxes)
     sbx = Sandbox.create()
     try:
@@ -149,7 +154,6 @@ def main() -> None:
         result |= _pause_resume(sbx, pauses)
     finally:
         sbx.kill()
-    _idle(idle)
     _emit({"result": result})
 
 

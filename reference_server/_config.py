@@ -128,6 +128,11 @@ class ServerConfig:
     warm_pool_memory_mb: int = _setting(
         4096, "The most the warm sandboxes' memory limits may add up to, MiB; 0 keeps none."
     )
+    share_agent_memory: bool = _setting(
+        True,
+        "true: the agents' identical start-up memory is kept once by the host's same-page merging "
+        "(ksmd, switched on; crun only). false: each sandbox's agent keeps its own.",
+    )
     log_level: str = _setting("info", f"One of {', '.join(LOG_LEVELS)}.")
     request_head_timeout_seconds: float = _setting(
         10.0, "A client connection is dropped if its TLS handshake and request head take longer, seconds."
@@ -381,6 +386,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "max_parallel_builds": _int_in(1, 64),
     "warm_pool": _check_warm_pool,
     "warm_pool_memory_mb": _int_in(0, 4 * 1024 * 1024),
+    "share_agent_memory": _check_bool,
     "log_level": _one_of(LOG_LEVELS, fold=True),
     "request_head_timeout_seconds": _seconds_in(0.1, 600),
     "max_connections": _int_in(0, 1_000_000),
@@ -415,6 +421,7 @@ _FIELD_TYPES: dict[str, str] = {
     "max_parallel_builds": "int",
     "warm_pool": "list",
     "warm_pool_memory_mb": "int",
+    "share_agent_memory": "bool",
     "log_level": "str",
     "request_head_timeout_seconds": "float",
     "max_connections": "int",

@@ -117,7 +117,8 @@ def _open_backend(config: ServerConfig, templates: Sequence[Template]) -> Backen
     runtime_dir.mkdir(parents=True, exist_ok=True)
     # The templates checked at start-up are the ones served: a source change while the server
     # runs must not start a rebuild in the middle of a create request.
-    return open_backend(config.backend, BackendOptions(state_dir=runtime_dir, templates=templates))
+    options = BackendOptions(state_dir=runtime_dir, templates=templates, share_agent_memory=config.share_agent_memory)
+    return open_backend(config.backend, options)
 
 
 def _publish_ca(source: Path, target: Path) -> None:

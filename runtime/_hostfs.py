@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import platform
 import shutil
 import subprocess
 import time
@@ -57,15 +58,31 @@ OVERLAY_OPTIONS = "nodev,nosuid"
 SUID_ROOT_SCRIPT = 'mount -o remount,bind,suid,nodev -- "$1" && shift && exec "$@"'
 
 
-def with_setuid_root(rootfs: Path, argv: list[str], *, propagation: str = "private") -> list[str]:
+def with_setuid_root(
+    rootfs: Path,
+    argv: list[str],
+    *,
+    propagation: str = "private",
+    fd3: int | None = None,
+    fixed_layout: bool = False,
+) -> list[str]:
     """``argv`` run in a mount namespace of its own in which the nosuid mount at ``rootfs`` allows setuid.
 
     What ``argv`` makes there (a container's namespaces, cloned from this one) keeps that view;
     the host's view stays nosuid, and the namespace itself ends with ``argv``. ``slave``: mounts
     the host makes later under a shared mount still reach the namespace (Docker's volume views).
+    ``fd3``: a pipe the caller passes on (``pass_fds``) that ``argv`` also gets as its 3, the
+    first number a runtime's ``--preserve-fds`` hands on (which closes the others). Reopened
+    through ``/proc``: dash redirects only descriptors 0 to 9. ``fixed_layout``: ``argv`` and
+    what it starts run without address randomisation (``setarch -R``).
     """
     own = ["unshare", "--mount", "--propagation", propagation, "--"]
-    return [*own, "sh", "-c", SUID_ROOT_SCRIPT, "sh", str(rootfs), *argv]
+    if fixed_layout:
+        own += ["setarch", platform.machine(), "--addr-no-randomize"]
+    script = SUID_ROOT_SCRIPT
+    if fd3 is not None and fd3 != 3:
+        script = f"exec 3>/proc/self/fd/{int(fd3)} && {script}"
+    return [*own, "sh", "-c", script, "sh", str(rootfs), *argv]
 
 
 def ensure_nosuid(mount_point: str) -> None:

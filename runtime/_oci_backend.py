@@ -16,7 +16,8 @@ takes the same arguments and is one more small module of the same shape.
 
 Lifecycle: create = record + disk + network + id range + idmapped lowers + volume views + overlay + sysfs +
 bundle; start = the
-runtime's create and start, then wait for the agent's ``/health``; pause(memory) = freeze
+runtime's create and start, then wait for the agent's ``/health`` (``_health``: probes that the
+agent's ready signal cuts short); pause(memory) = freeze
 (the cgroup freezer); pause(filesystem) = delete the container, keeping ``upper/``; resume =
 thaw, or a fresh create + start on the same writable layer; kill marks the record releasing,
 releases everything in reverse order (retried when it fails) and removes the record last.
@@ -41,7 +42,6 @@ import resource
 import secrets
 import shutil
 import subprocess
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,8 +51,9 @@ import httpx
 
 from contract.protocol import ENVD_PORT
 
-from . import _addresses, _disk, _hostfs, _idmap, _idranges, _network, _oci, _sharing
+from . import _addresses, _disk, _health, _hostfs, _idmap, _idranges, _network, _oci, _sharing
 from ._threads import to_thread_to_the_end
+from .agent import READY_FD_ENV, SHARE_MEMORY_ENV
 from .backend import (
     DEFAULT_FEATURES,
     Action,
@@ -74,8 +75,6 @@ from .templates import Template, ensure_template, register_template_user, templa
 
 CGROUP_PARENT = "e2b-compat"
 _CGROUP_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "cpuset", "devices", "freezer", "blkio", "hugetlb")
-_HEALTH_TIMEOUT_S = 30.0
-_HEALTH_FIRST_PAUSE_S, _HEALTH_LAST_PAUSE_S = 0.01, 0.1  # between probes of a starting agent
 _LAST_SNAPSHOT = "last-snapshot"  # in a sandbox's folder: its newest snapshot's id, to share files with
 _KILL_ATTEMPTS = 4  # a failing release is tried this often, pausing 0.25, 0.5, 1 s between
 _KILL_BACKOFF_S = 0.25
@@ -103,12 +102,17 @@ class ContainerRuntime(Protocol):
     ``status`` is the runtime's word for a container's state (``created``, ``running``,
     ``paused``, ``stopped``), or None when it does not know it. These two block: the backend
     calls them from worker threads.
+
+    A runtime that ``passes_ready_fd`` gives ``create``'s ``ready_fd`` to the container's init
+    as its descriptor 3 (crun's ``--preserve-fds``), which the init's child, the agent, inherits:
+    the agent signals on it once it listens (``runtime.agent.READY_FD_ENV``).
     """
 
     name: str  # the command, for messages
     root: Path  # the runtime's own state folder (created by the backend)
+    passes_ready_fd: bool
 
-    async def create(self, bundle: Path, container: str, log: Path) -> None: ...
+    async def create(self, bundle: Path, container: str, log: Path, *, ready_fd: int | None = None) -> None: ...
 
     async def start(self, container: str) -> None: ...
 
@@ -177,9 +181,11 @@ class OciBackend:
         templates: Iterable[Template] = (),  # already built: used as they are, never looked up again
         addresses: _addresses.AddressRegistry | None = None,  # default: the host's one registry
         id_ranges: _idranges.IdRangeRegistry | None = None,  # default: the host's one registry
+        share_agent_memory: bool = False,  # the runtime starts the agent at a fixed layout (``runtime._ksm``)
     ) -> None:
         self._dir = state_dir
         self._runtime = container_runtime
+        self._share_agent_memory = share_agent_memory
         self._mapping = id_mapping
         # Each sandbox maps onto a host id range of its own, leased host-wide like its subnet.
         size = id_mapping.size if id_mapping else _idranges.RANGE_SIZE
@@ -474,13 +480,24 @@ class OciBackend:
             resolv_file=str(bundle / "resolv.conf"),
             cgroup_path=f"{CGROUP_PARENT}/{record.sandbox_id}",
             command=tuple(record.spec["command"]),
-            env={"E2B_SANDBOX": "true", "E2B_SANDBOX_ID": record.sandbox_id, "E2B_TEMPLATE_ID": record.template},
+            env=self._agent_env(record),
             limits=_limits(record),
             id_mapping=mapping.oci() if mapping is not None else None,
             volumes=tuple((target, view) for _source, target, view in self._volume_views(record)),
             open_files=min(_oci.NOFILE_LIMIT, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),
         )
         (bundle / "config.json").write_text(json.dumps(_oci.config(self._container_plan(plan)), indent=1))
+
+    def _agent_env(self, record: Record) -> dict[str, str]:
+        env = {"E2B_SANDBOX": "true", "E2B_SANDBOX_ID": record.sandbox_id, "E2B_TEMPLATE_ID": record.template}
+        if self._runtime.passes_ready_fd:
+            env[READY_FD_ENV] = "3"
+        if self._share_agent_memory:
+            # With a fixed hash seed the agents' dictionaries are laid out alike too (agents that
+            # run with -I, those of image templates, ignore it, and share less).
+            env[SHARE_MEMORY_ENV] = "1"
+            env["PYTHONHASHSEED"] = "0"
+        return env
 
     def _container_plan(self, plan: _oci.ContainerPlan) -> _oci.ContainerPlan:
         """The bundle's plan as this backend's runtime takes it; a runtime that refuses a part adapts it here."""
@@ -504,16 +521,23 @@ class OciBackend:
         record.container = container
         self._save(record)
         log = home / "logs" / "sandbox.log"
-        await self._runtime.create(home / "bundle", container, log)
-        await self._runtime.start(container)
         assert record.network is not None
         net = _network.SandboxNetwork.from_record(record.network)
-        try:
-            await _wait_healthy(f"http://{net.sandbox_ip}:{ENVD_PORT}/health", log)
-        except BackendError as exc:  # what was there when it gave up: the process, the namespace
-            status = await asyncio.to_thread(self._runtime.status, container)
-            netns = "present" if net.netns_path.exists() else "gone"
-            raise BackendError(f"{exc} (container {status or 'gone'}, network namespace {netns})") from None
+        with _health.ready_signal(self._runtime.passes_ready_fd) as ready:
+            try:
+                await self._runtime.create(
+                    home / "bundle", container, log, ready_fd=None if ready is None else ready.write_fd
+                )
+            finally:
+                if ready is not None:
+                    ready.close_write_end()  # the container's init holds its own copy now
+            await self._runtime.start(container)
+            try:
+                await _health.wait_healthy(f"http://{net.sandbox_ip}:{ENVD_PORT}/health", log, ready)
+            except BackendError as exc:  # what was there when it gave up: the process, the namespace
+                status = await asyncio.to_thread(self._runtime.status, container)
+                netns = "present" if net.netns_path.exists() else "gone"
+                raise BackendError(f"{exc} (container {status or 'gone'}, network namespace {netns})") from None
 
     async def pause(self, sandbox_id: str, *, memory: bool) -> SandboxInfo:
         with _reported(f"pausing sandbox {sandbox_id}"):
@@ -996,27 +1020,3 @@ def _limits(record: Record) -> Limits:
 
 def _disk_mb(record: Record) -> int:
     return _limits(record).disk_mb or _disk.DEFAULT_MB
-
-
-async def _wait_healthy(url: str, log: Path) -> None:
-    # What answers is the sandbox's to replace (its tenant is root there): each probe ends within a
-    # second however slowly the answer dribbles in, and its body is never read (a 204 has none).
-    deadline = time.monotonic() + _HEALTH_TIMEOUT_S
-    last = "no answer"
-    # Backing off to 0.1 s: a refused connection returns at once, and a burst of creates probing
-    # every 10 ms kept the server's event loop (and a core) busy while the agents started.
-    pause = _HEALTH_FIRST_PAUSE_S
-    async with httpx.AsyncClient(timeout=1.0, trust_env=False) as client:
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                async with asyncio.timeout(min(1.0, left)), client.stream("GET", url) as response:
-                    if response.status_code == 204:
-                        return
-                    last = f"status {response.status_code}"
-            except (httpx.TransportError, TimeoutError) as exc:
-                last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            await asyncio.sleep(pause)
-            pause = min(pause * 1.5, _HEALTH_LAST_PAUSE_S)
-    raise BackendError(
-        f"the agent did not become healthy within {_HEALTH_TIMEOUT_S:.0f} s (last probe: {last}): {_hostfs.tail(log)}"
-    )

@@ -51,6 +51,7 @@ class BackendOptions:
     state_dir: Path  # the backend's own folder: records, layers, its runtime's state
     templates: Sequence[Template] = ()  # built already: served as they are, never rebuilt while running
     templates_root: Path | None = None  # the template cache, for templates not given (default: the user's cache)
+    share_agent_memory: bool = False  # agents' start-up pages merged by the host, where the backend can (crun)
 
 
 @dataclass(frozen=True)

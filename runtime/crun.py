@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import _hostfs, _idmap, _network, host
+from . import _hostfs, _idmap, _ksm, _network, host
 from ._addresses import AddressRegistry
 from ._oci_backend import CGROUP_PARENT, OciBackend
 from .backend import BackendError, Feature
@@ -39,23 +39,41 @@ _DELETE_TIMEOUT_S = 10.0
 class CrunCommand:
     """``crun --root <root> …`` as the OCI backend's ``ContainerRuntime`` (any CLI-compatible runtime)."""
 
-    def __init__(self, executable: str, root: Path, *, global_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        executable: str,
+        root: Path,
+        *,
+        global_args: Sequence[str] = (),
+        passes_ready_fd: bool = False,
+        fixed_layout: bool = False,
+    ) -> None:
         self.executable = executable
         self.name = Path(executable).name
         self.root = root
         self.global_args = tuple(global_args)
+        self.passes_ready_fd = passes_ready_fd  # takes ``create --preserve-fds``
+        # The container's init, and so the agent, start without address randomisation, which
+        # the agent restores for what it starts (``runtime.agent._memory``): the agents' start-up
+        # pages are then the same bytes, for the host's same-page merging.
+        self.fixed_layout = fixed_layout
 
     def argv(self, *args: str) -> list[str]:
         return [self.executable, "--root", str(self.root), *self.global_args, *args]
 
-    async def create(self, bundle: Path, container: str, log: Path) -> None:
+    async def create(self, bundle: Path, container: str, log: Path, *, ready_fd: int | None = None) -> None:
         # The container's init inherits crun's stdout and stderr: a pipe to the log's rotating
         # writer, so a sandbox printing without end holds the host to the log's bounded size.
         out = await asyncio.to_thread(_hostfs.log_writer, log)
+        if ready_fd is not None and not self.passes_ready_fd:
+            raise ValueError(f"{self.name} is not asked to pass descriptors on")
+        passed = ("--preserve-fds", "1") if ready_fd is not None else ()
+        argv = self.argv("create", *passed, "--bundle", str(bundle), container)
         try:
             proc = await asyncio.create_subprocess_exec(
                 # The root is nosuid on the host: the container is made from a view where it is not.
-                *_hostfs.with_setuid_root(bundle / "rootfs", self.argv("create", "--bundle", str(bundle), container)),
+                *_hostfs.with_setuid_root(bundle / "rootfs", argv, fd3=ready_fd, fixed_layout=self.fixed_layout),
+                pass_fds=() if ready_fd is None else (ready_fd,),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=out,
@@ -125,15 +143,18 @@ class CrunBackend(OciBackend):
         id_mapping: _idmap.Mapping | None = _idmap.DEFAULT_MAPPING,  # None: sandbox root is host root
         templates: Iterable[Template] = (),  # already built: used as they are, never looked up again
         addresses: AddressRegistry | None = None,  # default: the host's one registry
+        share_agent_memory: bool = False,  # the agents' start-up pages merged by the host (``_ksm``)
     ) -> None:
+        share = share_agent_memory and _ksm.ensure_running()
         super().__init__(
             state_dir,
-            CrunCommand(crun, state_dir / "crun"),
+            CrunCommand(crun, state_dir / "crun", passes_ready_fd=True, fixed_layout=share),
             pool=pool,
             templates_root=templates_root,
             id_mapping=id_mapping,
             templates=templates,
             addresses=addresses,
+            share_agent_memory=share,
         )
 
 
@@ -143,7 +164,12 @@ FEATURES: frozenset[Feature] = CrunBackend.features
 
 def open_backend(options: BackendOptions) -> CrunBackend:
     """The ``crun`` entry of ``runtime.backends``."""
-    return CrunBackend(options.state_dir, templates_root=options.templates_root, templates=options.templates)
+    return CrunBackend(
+        options.state_dir,
+        templates_root=options.templates_root,
+        templates=options.templates,
+        share_agent_memory=options.share_agent_memory,
+    )
 
 
 def prepare_host(say: Callable[[str], None]) -> None:

@@ -75,8 +75,9 @@ from ._docker_engine import LABEL_KIND, LABEL_OWNER, LABEL_SANDBOX, Engine, defa
 from ._docker_engine import prepare_host as _prepare_engine
 from ._docker_reaper import REAPING, Reaper
 from ._docker_reconcile import reconcile
+from ._health import wait_healthy
 from ._idranges import RANGE_SIZE
-from ._oci_backend import _policy, _reported, _wait_healthy
+from ._oci_backend import _policy, _reported
 from ._threads import to_thread_to_the_end
 from .backend import (
     Action,
@@ -490,7 +491,7 @@ class DockerBackend:
         await asyncio.to_thread(container.start)
         net = await asyncio.to_thread(self._plug, record, container)
         try:
-            await _wait_healthy(f"http://{net.sandbox_ip}:{ENVD_PORT}/health", self._home(record.sandbox_id) / "-")
+            await wait_healthy(f"http://{net.sandbox_ip}:{ENVD_PORT}/health", self._home(record.sandbox_id) / "-")
         except BackendError as exc:
             logs = await asyncio.to_thread(container.logs, tail=20)
             raise BackendError(f"{exc}; the container's output: {logs.decode(errors='replace')[-600:]}") from None

@@ -36,7 +36,17 @@ from ._hostregistry import LockedState
 from ._oci import INOTIFY_INSTANCES, INOTIFY_WATCHES
 from .backend import BackendError
 
-__all__ = ["CGROUP_ROOT", "HostNotReadyError", "MemoryLedger", "prepare", "problems", "process_start_time"]
+__all__ = [
+    "CGROUP_ROOT",
+    "KSM_ROOT",
+    "HostNotReadyError",
+    "MemoryLedger",
+    "ksm_counters",
+    "ksmd_cpu_seconds",
+    "prepare",
+    "problems",
+    "process_start_time",
+]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 SYSCTL_ROOT = Path("/proc/sys")
@@ -187,3 +197,25 @@ def _alive(entry: dict[str, int]) -> bool:
 
 def _damaged(message: str) -> BackendError:
     return BackendError(message)
+
+
+KSM_ROOT = Path("/sys/kernel/mm/ksm")
+
+
+def ksm_counters(root: Path = KSM_ROOT) -> dict[str, int]:
+    """The same-page merging counters (``pages_shared``, ``pages_sharing``, ``full_scans``); empty without KSM."""
+    counters = {}
+    for name in ("pages_shared", "pages_sharing", "full_scans"):
+        with contextlib.suppress(OSError, ValueError):
+            counters[name] = int((root / name).read_text())
+    return counters
+
+
+def ksmd_cpu_seconds(proc: Path = Path("/proc")) -> float | None:
+    """CPU time the kernel's ksmd thread has used, seconds; None when there is none."""
+    for entry in proc.glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            if (entry / "comm").read_text().strip() == "ksmd":
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return None

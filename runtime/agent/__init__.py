@@ -2,7 +2,9 @@
 
 Started inside every sandbox as ``python -m runtime.agent`` (or ``e2b-compat agent``); see
 docs/ARCHITECTURE.md, "The agent". The reference server uses the listener's helpers
-(``NoDelayH11Protocol``, ``bind``) and the advertised ``ENVD_VERSION``. Importing this package
+(``NoDelayH11Protocol``, ``bind``) and the advertised ``ENVD_VERSION``; the runtime names the
+pipe the agent signals on once it listens (``READY_FD_ENV``, see ``_ready``) and asks it to offer
+its start-up memory for merging (``SHARE_MEMORY_ENV``, see ``_memory``). Importing this package
 loads nothing else: every name is loaded on first use.
 
 Exceptions (``_errors``): one type, whose ``ErrorKind`` is both the HTTP status of an envd route
@@ -24,6 +26,8 @@ from contract.lazy import lazy_getattr as _lazy_getattr
 
 if _TYPE_CHECKING:
     from ._errors import AgentError, ErrorKind
+    from ._memory import SHARE_MEMORY_ENV
+    from ._ready import READY_FD_ENV
     from ._server import DEFAULT_HOSTS, DEFAULT_PORT, NoDelayH11Protocol, bind, serve
     from ._version import ENVD_VERSION
 
@@ -38,6 +42,8 @@ _LAZY = {
     "bind": "_server",
     "serve": "_server",
     "ENVD_VERSION": "_version",
+    "READY_FD_ENV": "_ready",
+    "SHARE_MEMORY_ENV": "_memory",
 }
 
 
@@ -48,6 +54,8 @@ __all__ = [
     "DEFAULT_HOSTS",
     "DEFAULT_PORT",
     "ENVD_VERSION",
+    "READY_FD_ENV",
+    "SHARE_MEMORY_ENV",
     "AgentError",
     "ErrorKind",
     "NoDelayH11Protocol",

@@ -11,6 +11,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from contract.protocol import ENVD_PORT
 
 from ._app import create_app
+from ._memory import randomize_children, share_startup_memory
+from ._ready import signal_ready, take_ready_fd
 from ._services import Service, ServiceSet
 from ._state import AgentState
 
@@ -33,6 +35,21 @@ class NoDelayH11Protocol(H11Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         super().connection_made(transport)  # type: ignore[arg-type]
+
+
+class _SignallingServer(uvicorn.Server):
+    """uvicorn's server that tells the runtime (``_ready``) once its sockets listen."""
+
+    def __init__(self, config: uvicorn.Config, ready_fd: int | None) -> None:
+        super().__init__(config)
+        self._ready_fd = ready_fd
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if not self.should_exit:  # a failed lifespan startup sets it: the runtime's probe tells
+            share_startup_memory()  # what start-up made is the same in every agent: offered once listening
+            signal_ready(self._ready_fd)
+            self._ready_fd = None
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -59,6 +76,8 @@ def serve(
     Node resolves ``localhost`` to ::1 first) and serve until interrupted.
 
     ``services`` are started as ``service_user`` before the agent listens (``_services``)."""
+    ready_fd = take_ready_fd()  # first: nothing started below may inherit it
+    randomize_children()  # the runtime may start the agent without ASLR (``_memory``); its children get it
     state = AgentState()
     if default_user:
         state.default_user = default_user
@@ -71,4 +90,4 @@ def serve(
         access_log=False,
         server_header=False,
     )
-    uvicorn.Server(config).run(sockets=[bind(host, port) for host in hosts])
+    _SignallingServer(config, ready_fd).run(sockets=[bind(host, port) for host in hosts])

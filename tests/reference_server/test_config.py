@@ -81,6 +81,7 @@ def test_defaults_are_the_documented_ones(env: dict[str, str], data_dir: Path) -
         "max_parallel_builds": 2,
         "warm_pool": ("base=2", "code-interpreter-v1=1"),
         "warm_pool_memory_mb": 4096,
+        "share_agent_memory": True,
         "volume_mb": 1024,
     }
     assert runtime_backends.serving_backends() == BACKENDS
@@ -160,6 +161,7 @@ def test_every_variable_is_read(tmp_path: Path, env: dict[str, str]) -> None:
         "max_parallel_builds": "4",
         "warm_pool": "base=1, code-interpreter-v1=0",
         "warm_pool_memory_mb": "1024",
+        "share_agent_memory": "false",
         "volume_mb": "64",
     }
     assert set(values) == set(FIELDS)
@@ -196,6 +198,7 @@ def test_every_variable_is_read(tmp_path: Path, env: dict[str, str]) -> None:
         "max_parallel_builds": 4,
         "warm_pool": ("base=1", "code-interpreter-v1=0"),
         "warm_pool_memory_mb": 1024,
+        "share_agent_memory": False,
         "volume_mb": 64,
     }
     assert config.warm_pool_sizes() == {"base": 1, "code-interpreter-v1": 0}

@@ -29,9 +29,10 @@ import pytest
 from contract.generated.process import process_connect
 from contract.generated.process import process_pb2 as ppb
 from contract.protocol import ENVD_PORT
-from runtime import _hostfs, _network
+from runtime import _hostfs, _ksm, _network
 from runtime.backend import Limits, SandboxSpec, State, TransitionError
 from runtime.crun import CGROUP_PARENT, CrunBackend
+from runtime.host import ksm_counters
 from runtime.host import prepare as prepare_host
 from runtime.templates import ensure_template
 
@@ -361,6 +362,54 @@ def test_nothing_leaks(state_dir: Path) -> None:
     run(backend.reconcile())
     assert _leftovers(state_dir, ids) == []
     print(f"50 sandboxes created and killed; python {sys.version.split()[0]}")
+
+
+# The agent, not tini (PID 1, whose arguments name it too) nor this awk.
+_AGENT_PID = "ps -eo pid=,args= | awk '$2 ~ /python/ && /-m runtime[.]agent/ {print $1; exit}'"
+
+
+def test_agents_share_their_startup_memory_and_what_they_start_keeps_aslr(state_dir: Path) -> None:
+    """With ``share_agent_memory``: the agents' layouts are the same, their start-up pages marked
+    and merged by ksmd, and what they start is randomised as usual (runtime.agent._memory)."""
+    if not _ksm.available():
+        pytest.skip("this kernel has no KSM (CONFIG_KSM)")
+    crun = CrunBackend(state_dir, share_agent_memory=True)
+    sharing_before = ksm_counters().get("pages_sharing", 0)
+    try:
+        hosts = [started(crun, f"ksm{i}") for i in range(2)]
+        heaps, marked = [], []
+        for host in hosts:
+            code, out, err = shell(
+                host, f"pid=$({_AGENT_PID}); grep -m1 heap /proc/$pid/maps; grep -c ' mg' /proc/$pid/smaps || true"
+            )
+            assert code == 0, err
+            heap_line, count = out.decode().split("\n")[:2]
+            heaps.append(heap_line.split()[0])
+            marked.append(int(count))
+        assert heaps[0] == heaps[1], "the agents were not started at one layout"
+        assert min(marked) >= 1, "the agent marked nothing mergeable"
+        # A command: randomised, and not offered for merging.
+        runs = [
+            shell(
+                hosts[0],
+                "cat /proc/self/personality; grep -m1 heap /proc/self/maps; grep -c ' mg' /proc/self/smaps || true",
+            )[1]
+            for _ in range(2)
+        ]
+        personality, heap_a, merged = runs[0].decode().split("\n")[:3]
+        heap_b = runs[1].decode().split("\n")[1]
+        assert not int(personality, 16) & 0x0040000
+        assert heap_a != heap_b, "commands run without address randomisation"
+        assert merged == "0"
+        # What the runtime told the agent stays the agent's.
+        assert shell(hosts[0], "env | grep -c -e PYTHONHASHSEED -e E2B_COMPAT_ || true")[1] == b"0\n"
+        deadline = time.monotonic() + 90
+        while ksm_counters().get("pages_sharing", 0) < sharing_before + 1000:  # 4 MiB of the agents' pages
+            assert time.monotonic() < deadline, f"ksmd merged nothing: {ksm_counters()}"
+            time.sleep(0.5)
+    finally:
+        for info in run(crun.list()):
+            run(crun.kill(info.sandbox_id))
 
 
 def test_sandbox_root_is_unprivileged_on_the_host(backend: CrunBackend, state_dir: Path) -> None:

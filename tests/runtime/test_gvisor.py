@@ -352,8 +352,9 @@ class FakeRunsc:
     state: str | None
     deleted: list[str] = field(default_factory=list)
     name: str = "runsc"
+    passes_ready_fd: bool = False
 
-    async def create(self, bundle: Path, container: str, log: Path) -> None:
+    async def create(self, bundle: Path, container: str, log: Path, *, ready_fd: int | None = None) -> None:
         raise AssertionError("nothing is started here")
 
     async def start(self, container: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from runtime import _addresses, _disk, _hostfs, _idmap, _network, _oci_backend
+from runtime import _addresses, _disk, _health, _hostfs, _idmap, _network, _oci_backend
 from runtime._oci_backend import OciBackend
 from runtime.backend import BackendError, SandboxSpec, State, TransitionError
 from runtime.backends import BACKENDS, BackendEntry, BackendOptions, open_backend
@@ -39,6 +39,7 @@ class MemoryRuntime:
     """A ``ContainerRuntime`` keeping containers in a dict; ``fail[step]`` is raised at that step."""
 
     name = "memory"
+    passes_ready_fd = False
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -49,7 +50,7 @@ class MemoryRuntime:
         if step in self.fail:
             raise self.fail[step]
 
-    async def create(self, bundle: Path, container: str, log: Path) -> None:
+    async def create(self, bundle: Path, container: str, log: Path, *, ready_fd: int | None = None) -> None:
         self._step("create")
         assert (bundle / "config.json").is_file()
         self.containers[container] = "created"
@@ -95,7 +96,7 @@ def no_host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     def nothing(*args: object, **kwargs: object) -> None:
         return None
 
-    async def healthy(url: str, log: Path) -> None:
+    async def healthy(url: str, log: Path, ready: object = None) -> None:
         return None
 
     for name in ("ensure_host_firewall", "create", "destroy", "set_policy"):
@@ -114,11 +115,11 @@ def no_host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(_hostfs, "unmount", mounted.discard)
     monkeypatch.setattr(_hostfs, "is_mount", lambda path: path.rstrip("/") in mounted)
     monkeypatch.setattr(_hostfs, "mount_sysfs", nothing)
-    monkeypatch.setattr(_hostfs, "with_setuid_root", lambda rootfs, argv: argv)  # no mount to make setuid
+    monkeypatch.setattr(_hostfs, "with_setuid_root", lambda rootfs, argv, **_: argv)  # no mount to make setuid
     monkeypatch.setattr(_hostfs, "ensure_nosuid", nothing)
     monkeypatch.setattr(_disk, "ensure", ensure_disk)
     monkeypatch.setattr(_disk, "release", nothing)
-    monkeypatch.setattr(_oci_backend, "_wait_healthy", healthy)
+    monkeypatch.setattr(_health, "wait_healthy", healthy)
     monkeypatch.setattr(_oci_backend, "_KILL_BACKOFF_S", 0.0)  # a failing kill retries at once
     # The address registry of this test alone, not the host's.
     monkeypatch.setattr(_addresses, "DEFAULT_REGISTRY", tmp_path / "addresses")

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
-from runtime import _oci_backend
+from runtime import _health
 from runtime.backend import BackendError
 
 GIB = 1024 * 1024 * 1024
@@ -72,14 +74,14 @@ async def healthy(writer: asyncio.StreamWriter, sent: list[int]) -> None:
 
 @pytest.fixture
 def short_deadline(monkeypatch: pytest.MonkeyPatch) -> float:
-    monkeypatch.setattr(_oci_backend, "_HEALTH_TIMEOUT_S", 1.5)
+    monkeypatch.setattr(_health, "TIMEOUT_S", 1.5)
     return 1.5
 
 
 def test_a_healthy_agent_is_seen(tmp_path: Path, short_deadline: float) -> None:
     async def check() -> None:
         async with fake_agent(healthy) as (url, _):
-            await _oci_backend._wait_healthy(url, tmp_path / "log")
+            await _health.wait_healthy(url, tmp_path / "log")
 
     asyncio.run(check())
 
@@ -95,7 +97,7 @@ def test_a_head_that_never_ends_fails_by_the_deadline(tmp_path: Path, short_dead
         async with fake_agent(dribbled_head) as (url, sent):
             started = time.monotonic()
             with pytest.raises(BackendError, match=GAVE_UP_WAITING):
-                await asyncio.wait_for(_oci_backend._wait_healthy(url, tmp_path / "log"), 10.0)
+                await asyncio.wait_for(_health.wait_healthy(url, tmp_path / "log"), 10.0)
             assert time.monotonic() - started < short_deadline + 1.5
             assert sent[0] > 0
 
@@ -106,7 +108,67 @@ def test_a_gigabyte_answer_is_not_read(tmp_path: Path, short_deadline: float) ->
     async def check() -> None:
         async with fake_agent(huge_body) as (url, sent):
             with pytest.raises(BackendError, match=GAVE_UP_READING):
-                await asyncio.wait_for(_oci_backend._wait_healthy(url, tmp_path / "log"), 10.0)
+                await asyncio.wait_for(_health.wait_healthy(url, tmp_path / "log"), 10.0)
             assert sent[0] < 64 * 1024 * 1024, sent[0]  # each probe drops its connection unread
 
     asyncio.run(check())
+
+
+@pytest.fixture
+def slow_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pauses between probes long enough that only the ready signal can end a wait in time."""
+    monkeypatch.setattr(_health, "FIRST_PAUSE_S", 120.0)
+    monkeypatch.setattr(_health, "LAST_PAUSE_S", 120.0)
+
+
+def test_the_ready_signal_ends_the_pause_between_probes(tmp_path: Path, slow_backoff: None) -> None:
+    async def scenario() -> None:
+        with _health.ready_signal(True) as ready:
+            assert ready is not None
+            port_free = await _free_port()
+            url = f"http://127.0.0.1:{port_free}/health"
+            task = asyncio.create_task(_health.wait_healthy(url, tmp_path / "log", ready))
+            await asyncio.sleep(0.3)  # the first probe was refused: the prober sleeps 120 s
+            server = await asyncio.start_server(_answer_healthy, "127.0.0.1", port_free)
+            try:
+                os.write(ready.write_fd, b"1")
+                await asyncio.wait_for(task, 20.0)
+            finally:
+                server.close()
+                await server.wait_closed()
+
+    asyncio.run(scenario())
+
+
+def test_the_end_of_the_pipe_also_wakes_and_later_pauses_are_whole(slow_backoff: None) -> None:
+    async def scenario() -> None:
+        with _health.ready_signal(True) as ready:
+            assert ready is not None
+            ready.close_write_end()  # every writer gone (the init ended): readable at once, for good
+            started = time.monotonic()
+            await asyncio.wait_for(ready.sleep(60.0), 5.0)
+            assert time.monotonic() - started < 5.0
+            with pytest.raises(TimeoutError):  # no busy loop on a pipe that stays readable
+                await asyncio.wait_for(ready.sleep(60.0), 0.3)
+
+    asyncio.run(scenario())
+
+
+def test_without_a_runtime_that_passes_it_there_is_no_signal() -> None:
+    with _health.ready_signal(False) as ready:
+        assert ready is None
+
+
+async def _answer_healthy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+        await reader.readuntil(b"\r\n\r\n")
+        await healthy(writer, [0])
+        await writer.drain()
+    writer.close()
+
+
+async def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
