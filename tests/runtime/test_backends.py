@@ -105,9 +105,14 @@ def test_crun_opens_a_crun_backend_with_the_options(tmp_path: Path, monkeypatch:
             seen.update(state_dir=state_dir, **kwargs)
 
     monkeypatch.setattr(crun, "CrunBackend", Recording)
-    options = BackendOptions(state_dir=tmp_path, templates_root=tmp_path / "cache")
+    options = BackendOptions(state_dir=tmp_path, templates_root=tmp_path / "cache", share_agent_memory=True)
     assert isinstance(open_backend("crun", options), Recording)
-    assert seen == {"state_dir": tmp_path, "templates_root": tmp_path / "cache", "templates": ()}
+    assert seen == {
+        "state_dir": tmp_path,
+        "templates_root": tmp_path / "cache",
+        "templates": (),
+        "share_agent_memory": True,
+    }
 
 
 def test_importing_the_table_loads_no_backend() -> None:
