@@ -64,9 +64,9 @@ class CrunCommand:
     async def create(self, bundle: Path, container: str, log: Path, *, ready_fd: int | None = None) -> None:
         # The container's init inherits crun's stdout and stderr: a pipe to the log's rotating
         # writer, so a sandbox printing without end holds the host to the log's bounded size.
-        out = await asyncio.to_thread(_hostfs.log_writer, log)
         if ready_fd is not None and not self.passes_ready_fd:
             raise ValueError(f"{self.name} is not asked to pass descriptors on")
+        out = await asyncio.to_thread(_hostfs.log_writer, log)
         passed = ("--preserve-fds", "1") if ready_fd is not None else ()
         argv = self.argv("create", *passed, "--bundle", str(bundle), container)
         try:
