@@ -104,10 +104,10 @@ def settle_merging(deadline: float, *, limit_s: float = MERGE_SETTLE_S, window_s
     ``limit_s`` and the backend's budget). Then ksmd's CPU time over ``window_s``, as a percentage
     of one core: what keeping the idle sandboxes merged costs. Empty without KSM, or with it off.
     """
-    from runtime.host import ksm_counters, ksmd_cpu_seconds  # noqa: PLC0415
+    from runtime.host import KSM_ROOT, ksm_counters, ksmd_cpu_seconds  # noqa: PLC0415
 
     counters = ksm_counters()
-    if not counters or Path("/sys/kernel/mm/ksm/run").read_text().strip() != "1":
+    if not counters or (KSM_ROOT / "run").read_text().strip() != "1":
         return {}
     end = min(deadline, time.monotonic() + limit_s)
     sharing, started = -1, time.monotonic()

@@ -115,3 +115,25 @@ def test_the_ratios_of_a_run_are_against_one_set_of_floors(monkeypatch: pytest.M
     assert report["backends"]["crun"]["floors"]["floor_process_spawn"] == pytest.approx(1.0), "each kept as measured"
     ratios = {name: entry["ratios"]["create_to_first_run"] for name, entry in report["backends"].items()}
     assert ratios == {"crun": pytest.approx(300.0), "gvisor": pytest.approx(300.0), "docker": pytest.approx(300.0)}
+
+
+def test_the_table_notes_what_merging_held_and_cost_and_the_density_it_gives() -> None:
+    raw = _raw(0.004)
+    raw["idle_memory"]["ksm"] = {"pages_sharing": 2560.0, "settle_s": 12.0, "ksmd_cpu_percent": 3.25}
+    merged = backends.summarise(raw)
+    assert merged["same_page_merging"]["pages_sharing"] == 2560.0
+    plain = backends.summarise(_raw(0.004))
+    assert "same_page_merging" not in plain
+    report = {
+        "started_at": "2026-12-06T05:00:00Z",
+        "counts": {"sandboxes": 3, "transfer_mib": 100},
+        "backends": {
+            "crun": {"results": merged, "floors": FLOORS, "ratios": backends.ratios(merged, FLOORS)},
+            "docker": {"results": plain, "floors": FLOORS, "ratios": backends.ratios(plain, FLOORS)},
+        },
+    }
+    text = backends.table(report)
+    # 2560 pages of 4 KiB; a 10 MiB drop per sandbox: 24 GiB / 10 MiB = 2457 sandboxes.
+    assert "- crun: ksmd shared 10 MiB of pages, settled in 12 s, then used 3.2% of a core" in text
+    assert "at that, 2457 idle sandboxes in 24 GiB" in text
+    assert "- docker: no same-page merging; at that, 2457 idle sandboxes in 24 GiB" in text
