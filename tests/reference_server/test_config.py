@@ -321,6 +321,7 @@ def test_single_label_domain_is_refused_with_the_reason(tmp_path: Path, env: dic
         ("port", "٣", "expected an integer"),
         ("port", "70000", "1..65535"),
         ("egress_enabled", "maybe", "expected one of"),
+        ("share_agent_memory", "maybe", "expected one of"),
         ("reaper_interval_seconds", "nan", "expected a number"),
         ("reaper_interval_seconds", "inf", "expected a number"),
         ("hosts", "127.0.0.1,", "not an IP address"),
