@@ -69,6 +69,13 @@ FORMAT = 1
 # Where the wheelhouse sits inside the rootfs while the agent is installed from it.
 _WHEELHOUSE = "/tmp/e2b-compat-wheelhouse"  # noqa: S108 (inside the rootfs, removed again)
 _IMPORT_CHECK = "import runtime.agent, contract.generated.process.process_pb2"
+# Debian's /etc/profile picks PATH by asking ``id -u`` in a subshell: a fork and an exec in every
+# login shell, and so in every ``commands.run`` (the clients run ``bash -l -c``), about 1 ms of
+# the 5 ms round trip (docs/BENCHMARKS.md). bash knows its effective uid as ``$EUID``; dash and
+# other shells, which do not set it, still ask ``id -u``. The PATH chosen is the same.
+_PROFILE = "etc/profile"
+_PROFILE_UID_TEST = b'[ "$(id -u)" -eq 0 ]'  # PATH's choice, and the prompt's of interactive shells
+_PROFILE_EUID_TEST = b'[ "${EUID:-$(id -u)}" -eq 0 ]'
 
 Build = Callable[[Path], Mapping[str, object]]
 
@@ -317,7 +324,17 @@ def _build_base(tmp: Path, os_layer: Template, tree: _keys.SourceTree, progress:
         in_root(rootfs, [*install, *flags, _keys.DISTRIBUTION], "pip install in the rootfs", detail=out)
         shutil.rmtree(wheelhouse)
         in_root(rootfs, [f"{_keys.VENV}/bin/python", "-c", _IMPORT_CHECK], "importing the agent in the rootfs")
+    with step(progress, "letting login shells take their uid from bash ($EUID) in /etc/profile"):
+        _profile_without_id_fork(rootfs)
     return {"from": os_layer.path.name, "wheels": wheels}
+
+
+def _profile_without_id_fork(rootfs: Path) -> None:
+    path = rootfs / _PROFILE
+    text = path.read_bytes()
+    if _PROFILE_UID_TEST not in text:  # the os layer's packages are locked: a change is a surprise
+        raise TemplateError(f"/{_PROFILE} of the os layer does not test the uid as expected; not changed")
+    replace_file(path, text.replace(_PROFILE_UID_TEST, _PROFILE_EUID_TEST), path.stat().st_mode & 0o7777)
 
 
 # --- the kernels layer and code-interpreter-v1 ---

@@ -44,7 +44,7 @@ __all__ = [
 
 # Bump when a build step changes what ends up in the layer without changing its inputs.
 OS_RECIPE_VERSION = 1
-BASE_RECIPE_VERSION = 1
+BASE_RECIPE_VERSION = 2  # 2: /etc/profile takes bash's $EUID (_build._profile_without_id_fork)
 INTERPRETER_RECIPE_VERSION = 3  # 3: the kernels layer's removals applied
 KERNELS_RECIPE_VERSION = 3  # 3: the overlay's upper folder with Debian packages
 MCP_LAYER_RECIPE_VERSION = 1

@@ -348,6 +348,31 @@ def test_leftover_build_folders_are_swept_safely(tmp_path: Path) -> None:
         _unmount_all(tmp_path)
 
 
+def test_profile_takes_the_uid_from_bash_and_keeps_the_rest(tmp_path: Path) -> None:
+    profile = tmp_path / "etc/profile"
+    profile.parent.mkdir()
+    rest = b'export PATH\n\nif [ "${PS1-}" ]; then\n  :\nfi\n'
+    prompt = b'if [ "$PS1" ]; then\n  if [ "$(id -u)" -eq 0 ]; then\n    PS1="# "\n  fi\nfi\n'
+    profile.write_bytes(b'# profile\nif [ "$(id -u)" -eq 0 ]; then\n  PATH="/sbin"\nfi\n' + prompt + rest)
+    profile.chmod(0o644)
+    _build._profile_without_id_fork(tmp_path)
+    assert profile.read_bytes() == (
+        b'# profile\nif [ "${EUID:-$(id -u)}" -eq 0 ]; then\n  PATH="/sbin"\nfi\n'
+        + prompt.replace(b'"$(id -u)"', b'"${EUID:-$(id -u)}"')
+        + rest
+    )
+    assert stat.S_IMODE(profile.stat().st_mode) == 0o644
+
+
+def test_a_profile_that_tests_the_uid_otherwise_is_refused(tmp_path: Path) -> None:
+    profile = tmp_path / "etc/profile"
+    profile.parent.mkdir()
+    profile.write_bytes(b'if [ "`id -u`" -eq 0 ]; then\n  PATH="/sbin"\nfi\n')
+    with pytest.raises(TemplateError, match="does not test the uid"):
+        _build._profile_without_id_fork(tmp_path)
+    assert profile.read_bytes() == b'if [ "`id -u`" -eq 0 ]; then\n  PATH="/sbin"\nfi\n'
+
+
 # --- the real base template (built once into the default cache) ---
 
 
@@ -397,6 +422,32 @@ def test_os_contents(base_template: Template) -> None:
     assert list((rootfs / "var/cache/apt/archives").glob("*.deb")) == []
     assert list((rootfs / "var/lib/apt/lists").iterdir()) == []
     assert not (rootfs / "tmp/e2b-compat-wheelhouse").exists()
+
+
+ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+USER_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games"
+
+
+@pytest.mark.artifacts
+@pytest.mark.parametrize("shell", ["/bin/bash", "/bin/sh"])
+@pytest.mark.parametrize(("userspec", "path"), [(None, ROOT_PATH), ("1000:1000", USER_PATH)], ids=["root", "user"])
+def test_login_shells_pick_path_by_uid_and_bash_forks_no_id(
+    base_template: Template, shell: str, userspec: str | None, path: str
+) -> None:
+    """What the clients' ``bash -l -c`` reads: the PATH of the uid, without running ``id`` in bash."""
+    user = [f"--userspec={userspec}"] if userspec else []
+    home = "/home/user" if userspec else "/root"
+    done = subprocess.run(
+        ["chroot", *user, str(base_template.rootfs), shell, "-l", "-x", "-c", 'echo "$PATH"'],
+        env={**_commands.CHROOT_ENV, "HOME": home},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == path + "\n"
+    ran_id = "id -u" in done.stderr  # -x traces the subshell's command
+    assert ran_id == (shell == "/bin/sh"), done.stderr  # dash has no $EUID and still asks
 
 
 @pytest.mark.artifacts
