@@ -35,6 +35,7 @@ __all__ = [
     "CONFIG_FILE_NAME",
     "CONFIG_VARIABLE",
     "ENV_PREFIX",
+    "EVENT_LOOPS",
     "LOG_LEVELS",
     "ConfigError",
     "ServerConfig",
@@ -50,6 +51,8 @@ CONFIG_FILE_NAME = "server.toml"
 # backend is a line there; nothing in the configuration changes.
 BACKENDS: tuple[str, ...] = serving_backends()
 LOG_LEVELS: tuple[str, ...] = ("critical", "error", "warning", "info", "debug")
+# The server's own event loop (``_server.loop_factory``); the agents always run asyncio's.
+EVENT_LOOPS: tuple[str, ...] = ("uvloop", "asyncio")
 # The default leaves out the templates a server does not serve; a pool given explicitly must not name one.
 DEFAULT_WARM_POOL = ("base=2", "code-interpreter-v1=1")
 UPSTREAM_MAX_TIMEOUT_SECONDS = 86_400  # E2B caps a sandbox's timeout at 24 h
@@ -134,6 +137,10 @@ class ServerConfig:
         "(ksmd, switched on; crun only). false: each sandbox's agent keeps its own.",
     )
     log_level: str = _setting("info", f"One of {', '.join(LOG_LEVELS)}.")
+    event_loop: str = _setting(
+        "uvloop",
+        "The server's event loop: uvloop (libuv; the edge's TLS and the relay cost less per request) or asyncio.",
+    )
     request_head_timeout_seconds: float = _setting(
         10.0, "A client connection is dropped if its TLS handshake and request head take longer, seconds."
     )
@@ -388,6 +395,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "warm_pool_memory_mb": _int_in(0, 4 * 1024 * 1024),
     "share_agent_memory": _check_bool,
     "log_level": _one_of(LOG_LEVELS, fold=True),
+    "event_loop": _one_of(EVENT_LOOPS),
     "request_head_timeout_seconds": _seconds_in(0.1, 600),
     "max_connections": _int_in(0, 1_000_000),
     "max_websockets": _int_in(1, 1_000_000),
@@ -423,6 +431,7 @@ _FIELD_TYPES: dict[str, str] = {
     "warm_pool_memory_mb": "int",
     "share_agent_memory": "bool",
     "log_level": "str",
+    "event_loop": "str",
     "request_head_timeout_seconds": "float",
     "max_connections": "int",
     "max_websockets": "int",

@@ -128,6 +128,7 @@ class _EdgeHttp(NoDelayH11Protocol):
         self._raw: asyncio.Transport | None = None
         self._ready = False  # uvicorn's connection_made has run: its state exists
         self._early: list[bytes] = []  # decrypted bytes that came with the end of the handshake
+        self._first_flight: list[bytes] = []  # raw bytes read before the TLS layer was in (uvloop)
         self._head_timer: asyncio.TimerHandle | None = None
         self._handshake: asyncio.Task[None] | None = None
 
@@ -144,10 +145,15 @@ class _EdgeHttp(NoDelayH11Protocol):
         self._handshake = self.loop.create_task(self._start_tls(raw, self.tls))
 
     async def _start_tls(self, raw: asyncio.Transport, context: ssl.SSLContext) -> None:
+        tls = asyncio.ensure_future(
+            self.loop.start_tls(raw, self, context, server_side=True, ssl_handshake_timeout=self.head_timeout)
+        )
+        # start_tls's first step pauses reading, puts its TLS layer in, then schedules the layer's
+        # connection_made and the resumption of reading; two hops later, the hand-over runs right
+        # after those two, before anything more is read.
+        self.loop.call_soon(self.loop.call_soon, self._hand_over_first_flight, raw)
         try:
-            transport = await self.loop.start_tls(
-                raw, self, context, server_side=True, ssl_handshake_timeout=self.head_timeout
-            )
+            transport = await tls
         except (OSError, RuntimeError):  # refused, broken off, or too slow (ConnectionAbortedError)
             raw.abort()
             self.gate.leave(self)
@@ -156,6 +162,30 @@ class _EdgeHttp(NoDelayH11Protocol):
             self.gate.leave(self)
             return
         self._become_ready(transport)
+
+    def _hand_over_first_flight(self, raw: asyncio.Transport) -> None:
+        """The client's bytes read before the TLS layer was in, given to that layer, in order.
+
+        asyncio starts reading an accepted connection after ``connection_made`` and honours a
+        pause there; uvloop starts reading after it regardless, so the client's first flight (its
+        hello) can reach this protocol before ``start_tls`` has run. It was held (``data_received``).
+        """
+        flight, self._first_flight = self._first_flight, []
+        layer = raw.get_protocol()
+        if not flight or layer is self or raw.is_closing():
+            return
+        for data in flight:
+            if hasattr(layer, "get_buffer"):  # both loops' TLS layers are buffered protocols
+                buffered = cast(asyncio.BufferedProtocol, layer)
+                view = memoryview(data)
+                while view:
+                    buffer = memoryview(buffered.get_buffer(len(view)))
+                    size = min(len(buffer), len(view))
+                    buffer[:size] = view[:size]
+                    buffered.buffer_updated(size)
+                    view = view[size:]
+            else:
+                cast(asyncio.Protocol, layer).data_received(data)
 
     def _become_ready(self, transport: asyncio.Transport) -> None:
         self._ready = True
@@ -166,6 +196,11 @@ class _EdgeHttp(NoDelayH11Protocol):
 
     def data_received(self, data: bytes) -> None:
         if not self._ready:
+            if self.tls is not None and self._raw is not None and self._raw.get_protocol() is self:
+                # Raw bytes, read before start_tls put its TLS layer in: held for that layer.
+                self._raw.pause_reading()
+                self._first_flight.append(data)
+                return
             # asyncio hands over the bytes read with the handshake's last flight before start_tls returns.
             self._early.append(data)
             return

@@ -407,5 +407,22 @@ def serve(config: ServerConfig, say: Callable[[str], None] | None = None) -> int
             )
             await run(server, sockets, on_ready=print_ready)
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=loop_factory(config.event_loop)) as runner:
+        runner.run(main())
     return 0
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The event loop the server runs on (setting ``event_loop``, ``_config.EVENT_LOOPS``).
+
+    uvloop by default: under a loop of ``commands.run`` it took about 1.5 ms off each round trip
+    (docs/BENCHMARKS.md). The server's subprocesses (crun) use only what both loops support, and
+    the tests of what faces clients (the edge, its connections, the proxy) run on both.
+    """
+    if name == "uvloop":
+        import uvloop  # noqa: PLC0415 (only the serving process needs it)
+
+        return uvloop.new_event_loop
+    if name == "asyncio":
+        return asyncio.new_event_loop
+    raise ValueError(f"unknown event loop {name!r}")

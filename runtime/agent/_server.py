@@ -84,6 +84,9 @@ def serve(
     config = uvicorn.Config(
         create_app(state, services=ServiceSet(services, service_user) if services else None),
         http=NoDelayH11Protocol,
+        # asyncio's, never uvloop's (uvicorn's "auto" takes it when installed): uvloop cannot start
+        # a process as another user (user=, group=, extra_groups=), which every command needs.
+        loop="asyncio",
         lifespan="on",
         timeout_keep_alive=KEEPALIVE_S,
         log_level=log_level,

@@ -31,6 +31,7 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, settings: Settings
         host=host,
         port=port,
         lifespan="on",
+        loop="asyncio",  # as the agent's (runtime.agent._server): kernels are processes of the sandbox user
         http="h11",
         ws="none",
         timeout_keep_alive=KEEPALIVE_S,

@@ -16,10 +16,12 @@ import pytest
 import referencing
 from referencing.jsonschema import DRAFT202012
 
+from reference_server._config import EVENT_LOOPS
 from reference_server._control_plane import create_control_plane
 from reference_server._credentials import TokenVault
 from reference_server._metrics import MetricsBook
 from reference_server._sandboxes import SandboxService, ServiceSettings
+from reference_server._server import loop_factory
 from reference_server._snapshots import SnapshotStore
 from reference_server._store import Store
 from runtime.fake import FakeBackend
@@ -147,3 +149,8 @@ def conforms(schema: str, value: object, *, array: bool = False) -> None:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+# The server runs on either event loop (setting event_loop, ``_server.loop_factory``): the modules
+# that face clients (the edge, its connections, the proxy) run their tests on each.
+EVERY_EVENT_LOOP = [pytest.param(("asyncio", {"loop_factory": loop_factory(name)}), id=name) for name in EVENT_LOOPS]

@@ -34,10 +34,16 @@ from reference_server._connections import connection_limit, raise_open_file_limi
 from reference_server._server import RunningServer, open_server, run
 from runtime.fake import FakeBackend
 
-from .conftest import RecordingInitializer
+from .conftest import EVERY_EVENT_LOOP, RecordingInitializer
 from .test_proxy import ServerThread
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=EVERY_EVENT_LOOP)
+def anyio_backend(request: pytest.FixtureRequest) -> object:
+    return request.param
+
 
 DOMAIN = "e2b.test"
 WAIT = 5.0

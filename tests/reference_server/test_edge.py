@@ -21,10 +21,16 @@ from reference_server._edge import Edge
 from reference_server._proxy import SandboxProxy
 from reference_server._routing import parse_domain
 
-from .conftest import ALICE, DictKeys, Plane
+from .conftest import ALICE, EVERY_EVENT_LOOP, DictKeys, Plane
 from .test_proxy import ServerThread
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=EVERY_EVENT_LOOP)
+def anyio_backend(request: pytest.FixtureRequest) -> object:
+    return request.param
+
 
 DOMAIN = "e2b.test:8443"
 

@@ -34,6 +34,7 @@ from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as ws_connect
 from websockets.typing import Origin, Subprotocol
 
+from reference_server._config import EVENT_LOOPS
 from reference_server._proxy import SandboxProxy, Upstream
 
 TOKEN_HEADER = "e2b-traffic-access-token"
@@ -207,6 +208,7 @@ class ServerThread:
         self.socket = socket.socket()
         self.socket.bind(("127.0.0.1", 0))
         self.port: int = self.socket.getsockname()[1]
+        options.setdefault("loop", "asyncio")  # unless told: uvicorn's "auto" would take uvloop, as installed
         config = uvicorn.Config(
             app, ws="websockets-sansio", lifespan="on", log_level="warning", timeout_graceful_shutdown=2, **options
         )
@@ -240,11 +242,15 @@ def upstream(probe: Probe) -> Iterator[ServerThread]:
         yield server
 
 
-@pytest.fixture(scope="module")
-def front(upstream: ServerThread) -> Iterator[ServerThread]:
+@pytest.fixture(scope="module", params=EVENT_LOOPS)
+def front(upstream: ServerThread, probe: Probe, request: pytest.FixtureRequest) -> Iterator[ServerThread]:
     # As the edge should be: the upstream's Date and Server pass through, so the front adds none;
     # it faces clients directly, so X-Forwarded-* from a client (here on 127.0.0.1) is not believed.
+    # The proxy runs on each loop the server may run on (setting event_loop).
     options: dict[str, Any] = {"server_header": False, "date_header": False, "proxy_headers": False}
+    options["loop"] = request.param
+    for event in (probe.release_stream, probe.hang_closed, probe.upload_started):
+        event.clear()  # set by the tests of the previous loop
     with ServerThread(front_app(SandboxProxy(), upstream.port), **options) as server:
         yield server
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import stat
 import subprocess
 import sys
@@ -10,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reference_server._config import ServerConfig
-from reference_server._server import open_server
+from reference_server._config import EVENT_LOOPS, ServerConfig
+from reference_server._server import loop_factory, open_server
 from runtime.fake import FakeBackend
 
 from .conftest import RecordingInitializer
@@ -76,3 +77,17 @@ def test_a_stop_signal_raised_again_after_shutdown_lets_the_cleanup_run() -> Non
         [sys.executable, "-c", STOP_SIGNAL], capture_output=True, text=True, timeout=60, check=False, cwd=repo
     )
     assert (done.returncode, done.stdout) == (0, "cleanup runs\n"), done.stderr
+
+
+def test_each_event_loop_setting_makes_its_loop() -> None:
+    kinds = {}
+    for name in EVENT_LOOPS:
+        loop = loop_factory(name)()
+        try:
+            kinds[name] = type(loop).__module__.split(".")[0]
+            assert isinstance(loop, asyncio.AbstractEventLoop)
+        finally:
+            loop.close()
+    assert kinds == {"uvloop": "uvloop", "asyncio": "asyncio"}
+    with pytest.raises(ValueError, match="unknown event loop 'trio'"):
+        loop_factory("trio")
