@@ -415,7 +415,7 @@ def serve(config: ServerConfig, say: Callable[[str], None] | None = None) -> int
 def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
     """The event loop the server runs on (setting ``event_loop``, ``_config.EVENT_LOOPS``).
 
-    uvloop by default: under a loop of ``commands.run`` it took about 1.5 ms off each round trip
+    uvloop by default: under a loop of ``commands.run`` it took about 1 ms off each round trip
     (docs/BENCHMARKS.md). The server's subprocesses (crun) use only what both loops support, and
     the tests of what faces clients (the edge, its connections, the proxy) run on both.
     """
