@@ -3,7 +3,7 @@
 Measures ``commands.run("true")`` and a 1 MiB write+read through the pinned client in debug
 mode against a real agent process, and the floors: spawning ``/bin/true``, spawning
 ``/bin/bash -l -c true`` (what ``commands.run`` executes), and a raw loopback HTTP request.
-Prints p50/p95 and the ratio of each operation to its floor; writes the numbers as JSON.
+Prints p50/p90 and the ratio of each operation to its floor; writes the numbers as JSON.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import os
 import platform
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ import httpx
 
 from conformance import ensure_python_clients
 from contract.protocol import ENVD_PORT
+
+from ._stats import quantiles_ms
 
 HERE = Path(__file__).parent
 PORT = ENVD_PORT
@@ -46,15 +47,6 @@ def _spawn_samples(argv: list[str], iterations: int) -> list[float]:
         subprocess.run(argv, check=True, env=env, cwd="/root")
         samples.append(time.perf_counter() - start)
     return samples
-
-
-def _summary(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    return {
-        "p50_ms": statistics.median(ordered) * 1000,
-        "p95_ms": ordered[int(len(ordered) * 0.95) - 1] * 1000,
-        "n": len(ordered),
-    }
 
 
 def _start_agent() -> subprocess.Popen[bytes]:
@@ -98,7 +90,7 @@ def run(iterations: int) -> dict[str, Any]:
         "floor_spawn_true": _spawn_samples(["/bin/true"], iterations),
         "floor_spawn_bash_login": _spawn_samples(["/bin/bash", "-l", "-c", "true"], iterations),
     }
-    summary = {name: _summary(samples) for name, samples in {**client, **floors}.items()}
+    summary = {name: quantiles_ms(samples) for name, samples in {**client, **floors}.items()}
     ratios = {
         "commands_run_true / floor_spawn_bash_login": summary["commands_run_true"]["p50_ms"]
         / summary["floor_spawn_bash_login"]["p50_ms"],
@@ -123,9 +115,9 @@ def main() -> None:
     report = run(args.iterations)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"{'measurement':45} {'p50 ms':>9} {'p95 ms':>9}")
+    print(f"{'measurement':45} {'p50 ms':>9} {'p90 ms':>9}")
     for name, values in report["results"].items():
-        print(f"{name:45} {values['p50_ms']:9.3f} {values['p95_ms']:9.3f}")
+        print(f"{name:45} {values['p50_ms']:9.3f} {values['p90_ms']:9.3f}")
     for name, value in report["ratios"].items():
         print(f"{name:45} {value:9.3f}")
     print(f"written to {args.output}")

@@ -43,6 +43,8 @@ from typing import IO, Any
 from conformance import ManagedServer, ensure_python_clients
 from runtime.backends import backend_entry, serving_backends
 
+from ._stats import quantiles_ms
+
 HERE = Path(__file__).parent
 REPO = HERE.parent
 MAX_COUNT = 50  # per measurement: bounded whatever is asked
@@ -60,18 +62,6 @@ METRICS = (
     ("idle_memory_per_sandbox", "idle memory per sandbox (backend metrics)", "floor_idle_process", "MiB"),
     ("idle_memory_host_drop", "idle memory per sandbox (host MemAvailable drop)", "floor_idle_process", "MiB"),
 )
-
-
-def _quantiles_ms(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    # Inclusive: with few samples (three transfers) the p90 lies between the two slowest, never past them.
-    p90 = statistics.quantiles(ordered, n=10, method="inclusive")[8] if len(ordered) > 1 else ordered[0]
-    return {
-        "p50_ms": statistics.median(ordered) * 1000,
-        "p90_ms": p90 * 1000,
-        "max_ms": ordered[-1] * 1000,
-        "n": len(ordered),
-    }
 
 
 def mem_available() -> int:
@@ -241,7 +231,7 @@ def bench_backend(name: str, counts: tuple[int, ...], budget_s: float) -> dict[s
 
 def summarise(raw: dict[str, Any]) -> dict[str, Any]:
     """Quantiles of every sample list, idle memory per sandbox, and each metric's ratio to its floor."""
-    out: dict[str, Any] = {key: _quantiles_ms(value) for key, value in raw.items() if isinstance(value, list) and value}
+    out: dict[str, Any] = {key: quantiles_ms(value) for key, value in raw.items() if isinstance(value, list) and value}
     if "pause_error" in raw:
         out["pause_resume"] = {"error": raw["pause_error"]}
     memory = raw.get("idle_memory", {})

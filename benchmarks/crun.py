@@ -25,13 +25,10 @@ from runtime.backend import Limits, SandboxSpec
 from runtime.crun import CrunBackend
 from runtime.templates import ensure_template
 
+from ._stats import quantiles_ms
+
 HERE = Path(__file__).parent
 LIMITS = Limits(cpu_count=1, memory_mb=512, pids=256)
-
-
-def _ms(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    return {"p50_ms": statistics.median(ordered) * 1000, "max_ms": ordered[-1] * 1000, "n": len(ordered)}
 
 
 def _drop_caches() -> None:
@@ -124,11 +121,11 @@ def run(iterations: int, idle: int) -> dict[str, Any]:
         shutil.rmtree(state, ignore_errors=True)
     per_sandbox = statistics.median(idle_bytes)
     results = {
-        "floor_crun_run_true": _ms(floor),
-        "create_to_healthy_cold": _ms(cold_up),
-        "create_to_healthy_warm": _ms(warm_up),
-        "kill_cold": _ms(cold_down),
-        "kill_warm": _ms(warm_down),
+        "floor_crun_run_true": quantiles_ms(floor),
+        "create_to_healthy_cold": quantiles_ms(cold_up),
+        "create_to_healthy_warm": quantiles_ms(warm_up),
+        "kill_cold": quantiles_ms(cold_down),
+        "kill_warm": quantiles_ms(warm_down),
     }
     return {
         "results": results,
@@ -153,7 +150,10 @@ def main() -> None:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
     for name, values in report["results"].items():
-        print(f"{name:35} p50 {values['p50_ms']:9.1f} ms   max {values['max_ms']:9.1f} ms   n={values['n']}")
+        print(
+            f"{name:35} p50 {values['p50_ms']:9.1f} ms   p90 {values['p90_ms']:9.1f} ms   "
+            f"max {values['max_ms']:9.1f} ms   n={values['n']}"
+        )
     for name, value in report["ratios"].items():
         print(f"{name:35} {value:9.2f}")
     print(

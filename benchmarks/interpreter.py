@@ -32,7 +32,8 @@ from typing import Any
 
 from conformance import EndpointError, ManagedServer, ensure_python_clients
 
-from .server import quantiles, write_report
+from ._stats import quantiles_ms
+from .server import write_report
 
 HERE = Path(__file__).parent
 REPO = HERE.parent
@@ -104,24 +105,24 @@ def run(sandboxes: int, runs: int, budget_s: float, pace_s: float) -> dict[str, 
     if not samples["interpreter_total"] or not samples["warm_run_code"]:
         raise SystemExit(f"no samples within the budget: {client['done']}")
     report: dict[str, Any] = {
-        "interpreter: create": quantiles(samples["interpreter_create"]),
-        "interpreter: first run_code after create": quantiles(samples["interpreter_first_run"]),
-        FIRST: quantiles(samples["interpreter_total"]),
-        FIRST_FLOOR: quantiles(samples["base_total"]),
-        WARM: quantiles(samples["warm_run_code"]),
-        WARM_FLOOR: quantiles(samples["warm_commands_run"]),
+        "interpreter: create": quantiles_ms(samples["interpreter_create"]),
+        "interpreter: first run_code after create": quantiles_ms(samples["interpreter_first_run"]),
+        FIRST: quantiles_ms(samples["interpreter_total"]),
+        FIRST_FLOOR: quantiles_ms(samples["base_total"]),
+        WARM: quantiles_ms(samples["warm_run_code"]),
+        WARM_FLOOR: quantiles_ms(samples["warm_commands_run"]),
     }
     _ratio(report, FIRST, FIRST_FLOOR)
-    report["interpreter: create" + COLD] = quantiles(cold["interpreter_create"])
-    report[FIRST + COLD] = quantiles(cold["interpreter_total"])
-    report[FIRST_FLOOR + COLD] = quantiles(cold["base_total"])
+    report["interpreter: create" + COLD] = quantiles_ms(cold["interpreter_create"])
+    report[FIRST + COLD] = quantiles_ms(cold["interpreter_total"])
+    report[FIRST_FLOOR + COLD] = quantiles_ms(cold["base_total"])
     _ratio(report, FIRST + COLD, FIRST_FLOOR + COLD)
     _ratio(report, WARM, WARM_FLOOR)
     for name, values in samples.items():
         language = name.removeprefix("warm_run_code_")
         if language != name and values:
             label = f"interpreter: warm run_code in {language}"
-            report[label] = quantiles(values)
+            report[label] = quantiles_ms(values)
             _ratio(report, label, WARM_FLOOR)
     report["done"] = client["done"]
     return report

@@ -19,7 +19,6 @@ import os
 import shlex
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,14 +32,10 @@ from reference_server import READY_LINE
 from runtime.backend import SandboxSpec
 from runtime.crun import CrunBackend
 
+from ._stats import quantiles_ms
+
 HERE = Path(__file__).parent
 REPO = HERE.parent
-
-
-def quantiles(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    deciles = statistics.quantiles(ordered, n=10, method="inclusive") if len(ordered) > 1 else ordered * 9
-    return {"p50_ms": statistics.median(ordered) * 1000, "p90_ms": deciles[8] * 1000, "n": len(ordered)}
 
 
 def _free_port() -> int:
@@ -144,9 +139,9 @@ def run(sandboxes: int, pace_s: float) -> dict[str, Any]:
         cold = _client_run(data_dir / "cold", sandboxes, 0.0, NO_POOL)
         backend = CrunBackend(data_dir / "cold" / "runtime")
         floor = asyncio.run(_floor(backend, sandboxes))
-    report = {name: quantiles(samples) for name, samples in warm.items()}
-    report.update({name + COLD: quantiles(samples) for name, samples in cold.items()})
-    report["floor: crun create -> agent healthy"] = quantiles(floor)
+    report = {name: quantiles_ms(samples) for name, samples in warm.items()}
+    report.update({name + COLD: quantiles_ms(samples) for name, samples in cold.items()})
+    report["floor: crun create -> agent healthy"] = quantiles_ms(floor)
     floor_p50 = report["floor: crun create -> agent healthy"]["p50_ms"]
     report["ratio: create -> first run / floor (p50)"] = {"ratio": report["total"]["p50_ms"] / floor_p50}
     report["ratio: create -> first run" + COLD + " / floor (p50)"] = {
