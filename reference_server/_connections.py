@@ -166,9 +166,10 @@ class _EdgeHttp(NoDelayH11Protocol):
     def _hand_over_first_flight(self, raw: asyncio.Transport) -> None:
         """The client's bytes read before the TLS layer was in, given to that layer, in order.
 
-        asyncio starts reading an accepted connection after ``connection_made`` and honours a
-        pause there; uvloop starts reading after it regardless, so the client's first flight (its
-        hello) can reach this protocol before ``start_tls`` has run. It was held (``data_received``).
+        asyncio adds an accepted connection's reader in the same pass as ``connection_made``, so
+        the task that starts TLS runs before its first read. uvloop reads from ``connection_made``
+        on, and a pause there does not stop it, so the client's first flight (its hello) can reach
+        this protocol before ``start_tls`` has run. It was held (``data_received``).
         """
         flight, self._first_flight = self._first_flight, []
         layer = raw.get_protocol()
