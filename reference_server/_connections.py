@@ -175,18 +175,14 @@ class _EdgeHttp(NoDelayH11Protocol):
         layer = raw.get_protocol()
         if not flight or layer is self or raw.is_closing():
             return
-        for data in flight:
-            if hasattr(layer, "get_buffer"):  # both loops' TLS layers are buffered protocols
-                buffered = cast(asyncio.BufferedProtocol, layer)
-                view = memoryview(data)
-                while view:
-                    buffer = memoryview(buffered.get_buffer(len(view)))
-                    size = min(len(buffer), len(view))
-                    buffer[:size] = view[:size]
-                    buffered.buffer_updated(size)
-                    view = view[size:]
-            else:
-                cast(asyncio.Protocol, layer).data_received(data)
+        buffered = cast(asyncio.BufferedProtocol, layer)  # both loops' TLS layers are buffered protocols
+        view = memoryview(b"".join(flight))
+        while view:
+            buffer = memoryview(buffered.get_buffer(len(view)))
+            size = min(len(buffer), len(view))
+            buffer[:size] = view[:size]
+            buffered.buffer_updated(size)
+            view = view[size:]
 
     def _become_ready(self, transport: asyncio.Transport) -> None:
         self._ready = True
