@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # the callbacks' TypedDict exists for type checkers only
     from python_multipart.multipart import MultipartCallbacks
 from ._credentials import as_user
 from ._filesystem import METADATA_PREFIX, read_metadata
-from ._gzip import GzipEncoder
+from ._gzip import GzipEncoder, pays_to_deflate
 from ._limits import INFLATE_STEP, MAX_UPLOAD_PARTS
 from ._paths import ensure_parents, resolve
 from ._state import AgentState
@@ -106,10 +106,8 @@ def _user_and_path(state: AgentState, request: Request) -> tuple[User, str]:
 # -- download -------------------------------------------------------------------
 
 
-def choose_encoding(accept: str | None) -> str | None:
-    """``identity`` or ``gzip`` per ``Accept-Encoding``; None when nothing acceptable (406)."""
-    if not accept:
-        return "identity"
+def _accept_entries(accept: str) -> list[tuple[float, int, str]]:
+    """``Accept-Encoding`` as (q, position, lowercased coding), in the order sent."""
     entries: list[tuple[float, int, str]] = []
     for index, item in enumerate(accept.split(",")):
         name, _, params = item.strip().partition(";")
@@ -122,10 +120,20 @@ def choose_encoding(accept: str | None) -> str | None:
                 except ValueError:
                     q = 0.0
         entries.append((q, index, name.strip().lower()))
+    return entries
+
+
+def _identity_rejected(entries: list[tuple[float, int, str]]) -> bool:
     rejected = {name for q, _, name in entries if q == 0}
-    identity_rejected = "identity" in rejected or (
-        "*" in rejected and not any(n == "identity" and q > 0 for q, _, n in entries)
-    )
+    return "identity" in rejected or ("*" in rejected and not any(n == "identity" and q > 0 for q, _, n in entries))
+
+
+def choose_encoding(accept: str | None) -> str | None:
+    """``identity`` or ``gzip`` per ``Accept-Encoding``; None when nothing acceptable (406)."""
+    if not accept:
+        return "identity"
+    entries = _accept_entries(accept)
+    identity_rejected = _identity_rejected(entries)
     for q, _, name in sorted(entries, key=lambda e: (-e[0], e[1])):
         if q == 0:
             continue
@@ -136,6 +144,11 @@ def choose_encoding(accept: str | None) -> str | None:
         if name == "*":
             return "gzip" if identity_rejected else "identity"
     return None if identity_rejected else "identity"
+
+
+def accepts_identity(accept: str | None) -> bool:
+    """Whether ``Accept-Encoding`` leaves the unencoded body acceptable (RFC 9110 12.5.3)."""
+    return not accept or not _identity_rejected(_accept_entries(accept))
 
 
 def _content_disposition(filename: str) -> str:
@@ -188,8 +201,14 @@ async def download(request: Request) -> Response:
     state: AgentState = request.app.state.agent
     check_signature(state, request, "read")
     user, path = _user_and_path(state, request)
+    accept = request.headers.get("accept-encoding")
+    encoding = choose_encoding(accept)  # refused (406) only once the file is known to exist, as envd
+    # gzip only where it pays: when the start of the file does not deflate (an archive, an image,
+    # random bytes), gzip would shrink nothing and cost the client a decoder pass, so the plain
+    # body goes out instead wherever the client accepts it (runtime.agent._gzip).
+    probe = encoding == "gzip" and accepts_identity(accept)
 
-    def open_for_reading() -> tuple[int, os.stat_result, bytes]:
+    def open_for_reading() -> tuple[int, os.stat_result, bytes, bool]:
         info = os.stat(path)
         if stat.S_ISDIR(info.st_mode):
             raise IsADirectoryError(path)
@@ -207,10 +226,10 @@ async def download(request: Request) -> Response:
         except OSError:
             os.close(fd)
             raise
-        return fd, info, first
+        return fd, info, first, probe and not pays_to_deflate(first)  # the probe deflates: off the loop
 
     try:
-        fd, info, first = await as_user(user, open_for_reading)
+        fd, info, first, plain = await as_user(user, open_for_reading)
     except FileNotFoundError:
         raise AgentError(ErrorKind.NOT_FOUND, f"path '{path}' does not exist") from None
     except IsADirectoryError:
@@ -221,7 +240,6 @@ async def download(request: Request) -> Response:
         raise AgentError(ErrorKind.PERMISSION_DENIED, f"error opening file '{path}': {exc.strerror}") from None
     except OSError as exc:
         raise AgentError(ErrorKind.INTERNAL, f"error opening file '{path}': {exc.strerror}") from None
-    encoding = choose_encoding(request.headers.get("accept-encoding"))
     if encoding is None:
         os.close(fd)
         raise AgentError(
@@ -233,7 +251,7 @@ async def download(request: Request) -> Response:
     elif media_type.startswith("text/"):
         media_type += "; charset=utf-8"
     headers = {"Content-Disposition": _content_disposition(os.path.basename(path)), "Vary": "Accept-Encoding"}
-    if encoding == "gzip":
+    if encoding == "gzip" and not plain:
         headers["Content-Encoding"] = "gzip"
         return StreamingResponse(_gzip_chunks(fd, first), 200, headers=headers, media_type=media_type)
     headers["Content-Length"] = str(info.st_size)

@@ -14,6 +14,9 @@ full flush resets the window), so the two kinds can follow each other in any ord
 an empty final stored block and the trailer (CRC-32, size mod 2^32). Any gzip reader takes it:
 the kinds of block are deflate's own.
 
+The same probe decides a whole download first (``pays_to_deflate`` on its first read): when
+the start of the file does not deflate, the agent answers without any encoding (``_files``).
+
 Sans-IO: ``GzipEncoder`` turns bytes into bytes; the caller reads the file and sends.
 """
 
@@ -22,7 +25,7 @@ from __future__ import annotations
 import struct
 import zlib
 
-__all__ = ["SAMPLE", "WORTH", "GzipEncoder"]
+__all__ = ["SAMPLE", "WORTH", "GzipEncoder", "pays_to_deflate"]
 
 SAMPLE = 32 * 1024  # bytes of each piece deflated to decide: ~1 ms for incompressible data
 WORTH = 0.9  # deflate a piece only when its sample shrinks below this share of its size
@@ -44,7 +47,8 @@ def _stored(data: bytes) -> bytes:
     return b"".join(parts)  # the one copy of the bytes
 
 
-def _pays(piece: bytes) -> bool:
+def pays_to_deflate(piece: bytes) -> bool:
+    """Whether deflating ``piece`` would shrink it enough: its first ``SAMPLE`` bytes, at level 1."""
     sample = piece[:SAMPLE]
     probe = zlib.compressobj(1, zlib.DEFLATED, -15)
     return len(probe.compress(sample) + probe.flush()) < len(sample) * WORTH
@@ -68,7 +72,7 @@ class GzipEncoder:
             return b""
         self._crc = zlib.crc32(piece, self._crc)
         self._size += len(piece)
-        if _pays(piece):
+        if pays_to_deflate(piece):
             return self._deflate.compress(piece) + self._deflate.flush(zlib.Z_FULL_FLUSH)
         return _stored(piece)
 

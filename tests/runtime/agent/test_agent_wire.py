@@ -198,6 +198,32 @@ def test_file_errors(agent: Agent, tmp_path: Path) -> None:
     assert refused.status_code == 406
 
 
+def test_downloads_are_gzipped_only_where_deflate_pays(private_agent: Agent, tmp_path: Path) -> None:
+    """The start of the file decides: text goes out gzipped, random bytes as they are, with a length."""
+    text, noise = tmp_path / "text.log", tmp_path / "noise.bin"
+    text.write_bytes(b"line of a log\n" * 200_000)  # several reads of the file
+    noise.write_bytes(os.urandom(3 * 1024 * 1024 + 17))
+    base, gzip_first = private_agent.base, {"accept-encoding": "gzip, deflate"}
+    zipped = httpx.get(f"{base}/files", params={"path": str(text)}, headers=gzip_first)
+    assert zipped.headers["content-encoding"] == "gzip"
+    assert "content-length" not in zipped.headers
+    assert zipped.content == text.read_bytes()
+    plain = httpx.get(f"{base}/files", params={"path": str(noise)}, headers=gzip_first)
+    assert "content-encoding" not in plain.headers
+    assert plain.headers["content-length"] == str(noise.stat().st_size)
+    assert "Accept-Encoding" in plain.headers["vary"]
+    assert plain.content == noise.read_bytes()
+    # A client that refuses the plain body still gets gzip (its stored blocks), whatever the bytes.
+    only_gzip = {"accept-encoding": "gzip, identity;q=0"}
+    insisted = httpx.get(f"{base}/files", params={"path": str(noise)}, headers=only_gzip)
+    assert insisted.headers["content-encoding"] == "gzip"
+    assert insisted.content == noise.read_bytes()
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    nothing = httpx.get(f"{base}/files", params={"path": str(empty)}, headers=gzip_first)
+    assert (nothing.status_code, nothing.headers["content-length"], nothing.content) == (200, "0", b"")
+
+
 def test_gzip_both_ways_and_multipart(agent: Agent, tmp_path: Path) -> None:
     base = agent.base
     target = tmp_path / "g" / "z.txt"

@@ -16,7 +16,7 @@ import pytest
 from runtime.agent import _credentials
 from runtime.agent._credentials import run_as
 from runtime.agent._errors import AgentError, ErrorKind
-from runtime.agent._files import _content_disposition, choose_encoding, parse_metadata, signature
+from runtime.agent._files import _content_disposition, accepts_identity, choose_encoding, parse_metadata, signature
 from runtime.agent._filesystem import make_dir, permissions, wire_text
 from runtime.agent._paths import PathError, ensure_parents, resolve
 from runtime.agent._processes import build_env, describe_exit
@@ -125,6 +125,25 @@ def test_the_runtime_gives_the_sandbox_and_template_ids_to_every_process() -> No
 )
 def test_choose_encoding(accept: str | None, chosen: str | None) -> None:
     assert choose_encoding(accept) == chosen
+
+
+@pytest.mark.parametrize(
+    ("accept", "acceptable"),
+    [
+        (None, True),
+        ("", True),
+        ("gzip, deflate", True),
+        ("gzip;q=1, identity;q=0.1", True),
+        ("identity;q=0, gzip", False),
+        ("IDENTITY;Q=0, gzip", False),
+        ("*;q=0, gzip", False),
+        ("*;q=0, identity;q=0.5, gzip", True),
+        ("gzip, identity;q=bad", False),  # a q that does not parse counts as 0, as in choose_encoding
+    ],
+)
+def test_accepts_identity(accept: str | None, acceptable: bool) -> None:
+    """Whether a gzip-accepting client may still be answered with the plain body (RFC 9110 12.5.3)."""
+    assert accepts_identity(accept) is acceptable
 
 
 def test_signature_format() -> None:
