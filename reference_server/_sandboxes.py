@@ -834,8 +834,13 @@ class SandboxService:
     # -- the edge ----------------------------------------------------------------------
 
     async def target(self, sandbox_id: str) -> Target | None:
-        """Where a data-plane request goes; resumes a paused sandbox that asked for it. None: 502."""
-        record = await self.store.get(sandbox_id)
+        """Where a data-plane request goes; resumes a paused sandbox that asked for it. None: 502.
+
+        Asked on every proxied request, so the record may come from the store's memory (at most
+        ``RECENT_S`` old, and never older than this server's own last change to it). Freed
+        addresses wait 60 s before another sandbox gets them, so a late answer reaches no one else.
+        """
+        record = await self.store.get_recent(sandbox_id)
         if record is None:
             return None
         if record.state == S.PAUSED and record.details.auto_resume:

@@ -501,6 +501,53 @@ def test_compare_and_swap_refusals_change_nothing(tmp_path: Path) -> None:
     run(scenario)
 
 
+def test_get_recent_sees_every_write_of_its_own_store_at_once(tmp_path: Path) -> None:
+    """The data plane's remembered read is never older than this store's last write of the record."""
+
+    async def scenario() -> None:
+        async with await Store.open(tmp_path / "store.db") as store:
+            await store.insert(make())
+            assert (await store.get_recent("sb-1", 60)).generation == 1  # type: ignore[union-attr]
+            running = await store.compare_and_swap("sb-1", 1, {"state": SandboxState.RUNNING})
+            assert await store.get_recent("sb-1", 60) == running
+            longer = await store.extend_expiry("sb-1", 2, T0 + 2 * LIFETIME)
+            assert await store.get_recent("sb-1", 60) == longer
+            # A read in flight while a write is queued keeps nothing it read: the next one sees the write.
+            seen, killing = await asyncio.gather(
+                store.get_recent("sb-1", 60),
+                store.compare_and_swap("sb-1", 3, {"state": SandboxState.KILLING}),
+            )
+            assert seen is not None
+            assert seen.generation in (3, 4)
+            assert await store.get_recent("sb-1", 60) == killing
+            later = await store.extend_expiry("sb-1", 4, T0 + 3 * LIFETIME)  # forgotten: the next one reads
+            # That read is queued before the delete and answers the record; it must not be kept.
+            seen, _ = await asyncio.gather(store.get_recent("sb-1", 60), store.delete("sb-1", 5))
+            assert seen == later
+            assert await store.get_recent("sb-1", 60) is None
+
+    run(scenario)
+
+
+def test_get_recent_sees_another_process_write_within_its_age(tmp_path: Path) -> None:
+    """Another writer of the same file (a second server) is seen once the remembered read is ``max_age_s`` old."""
+
+    async def scenario() -> None:
+        async with await Store.open(tmp_path / "store.db") as mine, await Store.open(tmp_path / "store.db") as other:
+            await mine.insert(make())
+            assert (await mine.get_recent("sb-1", 0.2)).state == "creating"  # type: ignore[union-attr]
+            running = await other.compare_and_swap("sb-1", 1, {"state": SandboxState.RUNNING})
+            assert (await mine.get_recent("sb-1", 0.2)).state == "creating"  # type: ignore[union-attr]
+            assert await mine.get("sb-1") == running  # the plain read always goes to the file
+            await asyncio.sleep(0.25)
+            assert await mine.get_recent("sb-1", 0.2) == running
+            await other.delete("sb-1", 2)
+            await asyncio.sleep(0.25)
+            assert await mine.get_recent("sb-1", 0.2) is None
+
+    run(scenario)
+
+
 def test_delete_is_fenced_by_generation(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with await Store.open(tmp_path / "store.db") as store:
