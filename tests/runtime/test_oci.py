@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-import json
+import os
 import subprocess
-import sys
+import time
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from runtime import _oci
 from runtime.backend import Limits
@@ -64,16 +67,54 @@ def test_open_files_sysfs_and_masks() -> None:
     assert "sysctl" not in config["linux"], "crun refuses user.* sysctls as not namespaced"
 
 
-def test_the_hook_sets_the_user_namespace_inotify_limits() -> None:
+def _run_hook(state: str) -> subprocess.CompletedProcess[str]:
     (hook,) = _oci.config(plan())["hooks"]["createRuntime"]
-    assert hook["path"] == sys.executable
+    return subprocess.run([hook["path"], *hook["args"][1:]], input=state, capture_output=True, text=True, check=False)
+
+
+def _userns_limits(pid: int) -> list[str]:
+    names = ("/proc/sys/user/max_inotify_instances", "/proc/sys/user/max_inotify_watches")
+    argv = ["nsenter", "--user", "--preserve-credentials", "--target", str(pid), "cat", *names]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()
+
+
+def test_the_hook_is_a_shell_with_the_limits_as_arguments() -> None:
+    (hook,) = _oci.config(plan())["hooks"]["createRuntime"]
+    assert hook["path"] == "/bin/sh"
     assert hook["args"][-2:] == [str(_oci.INOTIFY_INSTANCES), str(_oci.INOTIFY_WATCHES)]
-    # Run against a process that is not there: the hook fails (the runtime then refuses to create).
-    proc = subprocess.run(
-        [hook["path"], *hook["args"][1:]],
-        input=json.dumps({"pid": 2**22 + 1}),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode != 0
+    assert "hooks" not in _oci.config(plan(userns_limits_hook=False))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="joins another process's user namespace: root only")
+@pytest.mark.parametrize(
+    "layout",
+    [
+        '{{"ociVersion":"1.0.0","id":"e2b-x","pid":{pid},"status":"created"}}',
+        '{{"id": "e2b-x", "pid" :\t {pid}, "status": "created"}}',
+    ],
+    ids=["compact", "spaced"],
+)
+def test_the_hook_sets_the_user_namespace_inotify_limits(layout: str) -> None:
+    """The hook finds the init's pid in the runtime's state (compact or spaced) and bounds its user namespace."""
+    init = subprocess.Popen(["unshare", "--user", "sleep", "60"])
+    try:
+        for _ in range(100):  # until unshare has made the namespace
+            if os.readlink(f"/proc/{init.pid}/ns/user") != os.readlink("/proc/self/ns/user"):
+                break
+            time.sleep(0.01)
+        # As the runtime maps it: the namespace's root is an unprivileged host uid, host root is not mapped.
+        for name in ("uid_map", "gid_map"):
+            Path(f"/proc/{init.pid}/{name}").write_text("0 1000000 65536\n")
+        unbounded = _userns_limits(init.pid)
+        assert unbounded != [str(_oci.INOTIFY_INSTANCES), str(_oci.INOTIFY_WATCHES)]
+        done = _run_hook(layout.format(pid=init.pid))
+        assert (done.returncode, done.stderr) == (0, "")
+        assert _userns_limits(init.pid) == [str(_oci.INOTIFY_INSTANCES), str(_oci.INOTIFY_WATCHES)]
+    finally:
+        init.kill()
+        init.wait()
+
+
+@pytest.mark.parametrize("state", ['{"id": "e2b-x"}', '{"pid": 0}', '{"pid": "12"}', '{"pid": 4194305}', ""])
+def test_the_hook_fails_without_a_live_pid_so_the_runtime_refuses_to_create(state: str) -> None:
+    assert _run_hook(state).returncode != 0
