@@ -33,6 +33,7 @@ being done (``_reported``); the network's and the runtime's own errors already a
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import json
@@ -315,13 +316,22 @@ class OciBackend:
     def _provision(self, record: Record) -> None:
         home = self._home(record.sandbox_id)
         record.disk = str(home / "disk.img")
-        self._save(record)  # recorded before it exists
-        self._ensure_disk(record)
         # A lease whose record was never saved (a crash right here) is ended by reconcile().
         net = _network.plan(record.sandbox_id, self._addresses.allocate(self._owner, record.sandbox_id))
         record.network = net.to_record()
-        self._save(record)  # recorded before it exists
-        _network.create(net, egress=bool(record.spec["egress"]), policy=_policy(record.spec))
+        self._save(record)  # both recorded before either exists
+        # The disk and the network namespace need nothing of each other (a few host commands each,
+        # ~13 and ~21 ms): the namespace is made in a second thread while this one makes the disk.
+        # Both have ended before anything is raised, so a release never races either.
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="provision") as helper:
+            network = helper.submit(
+                _network.create, net, egress=bool(record.spec["egress"]), policy=_policy(record.spec)
+            )
+            try:
+                self._ensure_disk(record)
+            finally:
+                concurrent.futures.wait([network])
+            network.result()
         lowers = self._map_lowers(record)
         self._map_volumes(record)
         record.mounted = True

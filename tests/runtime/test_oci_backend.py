@@ -12,6 +12,7 @@ import asyncio
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -210,6 +211,33 @@ def test_the_disk_is_on_record_before_it_is_made_and_released_after_a_failure(
     image = tmp_path / "state" / "sandboxes" / "d1" / "disk.img"
     assert seen == [str(image)]
     assert released == [image]
+    assert run(backend.list()) == []
+
+
+def test_the_disk_and_the_network_are_made_at_once_and_both_end_before_a_failure_is_raised(
+    backend: MemoryOciBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[str] = []
+
+    def slow_network(*args: object, **kwargs: object) -> None:
+        events.append("network started")
+        time.sleep(0.3)
+        events.append("network made")
+
+    def disk_full(image: Path, mount_point: Path, size_mb: int) -> None:
+        record = _oci_backend.Record.load(image.parent / "record.json")
+        assert record.disk is not None, "the disk is on record before it is made"
+        assert record.network is not None, "so is the network, made meanwhile"
+        events.append("disk failed")
+        raise OSError(28, "No space left on device", str(image))
+
+    monkeypatch.setattr(_network, "create", slow_network)
+    monkeypatch.setattr(_network, "destroy", lambda net: events.append("network destroyed"))
+    monkeypatch.setattr(_disk, "ensure", disk_full)
+    with pytest.raises(BackendError, match=r"^creating sandbox p1: .*No space left"):
+        run(backend.create(spec("p1")))
+    assert events.index("disk failed") < events.index("network made"), "the disk did not wait for the network"
+    assert events.index("network made") < events.index("network destroyed"), "released only once it was made"
     assert run(backend.list()) == []
 
 
