@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 
 import uvicorn
@@ -48,6 +49,7 @@ class _SignallingServer(uvicorn.Server):
         await super().startup(sockets)
         if not self.should_exit:  # a failed lifespan startup sets it: the runtime's probe tells
             share_startup_memory()  # what start-up made is the same in every agent: offered once listening
+            gc.enable()  # off while the modules loaded (``__main__``)
             signal_ready(self._ready_fd)
             self._ready_fd = None
 

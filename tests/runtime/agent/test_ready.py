@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gc
 import os
 import select
 import signal
@@ -14,8 +16,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
 
+from runtime.agent._app import create_app
 from runtime.agent._ready import READY_FD_ENV, signal_ready, take_ready_fd
+from runtime.agent._server import _SignallingServer, bind
 
 from .conftest import REPO, free_port
 
@@ -108,3 +113,30 @@ def test_a_real_agent_signals_once_it_listens_and_its_services_never_hold_the_pi
             os.close(read_fd)
             os.killpg(proc.pid, signal.SIGTERM)  # the group we created: the agent and its service
             proc.wait(20)
+
+
+def test_the_agent_loads_without_the_cyclic_collector_and_listens_with_it() -> None:
+    """``python -m runtime.agent`` turns the collector off for its imports; the listening server turns it back on."""
+    probe = "import gc, runtime.agent.__main__; print(gc.isenabled())"
+    loaded = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    assert loaded.stdout == "False\n"
+
+    async def serve_briefly() -> bool:
+        config = uvicorn.Config(create_app(), lifespan="on", log_level="warning")
+        server = _SignallingServer(config, ready_fd=None)
+        sock = bind("127.0.0.1", 0)
+        serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+        try:
+            while not server.started and not serving.done():
+                await asyncio.sleep(0.01)
+            return gc.isenabled()
+        finally:
+            server.should_exit = True
+            await serving
+            sock.close()
+
+    gc.disable()
+    try:
+        assert asyncio.run(serve_briefly()) is True
+    finally:
+        gc.enable()
