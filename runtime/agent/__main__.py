@@ -6,13 +6,15 @@ import gc
 
 # The start-up imports (some 440 modules) make hundreds of thousands of objects and almost no
 # garbage: the cyclic collector's passes over them were ~5% of the agent's start. It is back on
-# once the agent listens (``_server``).
-gc.disable()
+# once the agent listens (``_server``). Only when run: a process that imports this module (for
+# ``build_parser``) keeps its collector.
+if __name__ == "__main__":
+    gc.disable()
 
-import argparse  # noqa: E402
+import argparse
 
-from ._server import DEFAULT_HOSTS, DEFAULT_PORT, serve  # noqa: E402
-from ._services import parse_service  # noqa: E402
+from ._server import DEFAULT_HOSTS, DEFAULT_PORT, serve
+from ._services import parse_service
 
 
 def build_parser(prog: str = "python -m runtime.agent") -> argparse.ArgumentParser:

@@ -117,9 +117,17 @@ def test_a_real_agent_signals_once_it_listens_and_its_services_never_hold_the_pi
 
 def test_the_agent_loads_without_the_cyclic_collector_and_listens_with_it() -> None:
     """``python -m runtime.agent`` turns the collector off for its imports; the listening server turns it back on."""
-    probe = "import gc, runtime.agent.__main__; print(gc.isenabled())"
+    # Run as ``python -m runtime.agent`` runs it, up to the call that would serve.
+    probe = (
+        "import gc, runpy, runtime.agent._server as server\n"
+        "server.serve = lambda *args, **kwargs: print(gc.isenabled())\n"
+        "runpy.run_module('runtime.agent', run_name='__main__', alter_sys=True)\n"
+    )
     loaded = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
     assert loaded.stdout == "False\n"
+    imported = "import gc, runtime.agent.__main__; print(gc.isenabled())"
+    kept = subprocess.run([sys.executable, "-c", imported], cwd=REPO, capture_output=True, text=True, check=True)
+    assert kept.stdout == "True\n", "a process that only imports the module keeps its collector"
 
     async def serve_briefly() -> bool:
         config = uvicorn.Config(create_app(), lifespan="on", log_level="warning")
