@@ -457,9 +457,8 @@ class Store:
 
     async def _swap(self, new: SandboxRecord, expected_generation: int) -> None:
         # The WHERE on generation is the fence: if another writer committed since our read, no row matches.
-        text = new.to_json()
         self._writing(new.sandbox_id)
-        cursor = await self._db.execute(_UPDATE, (text, new.sandbox_id, expected_generation))
+        cursor = await self._db.execute(_UPDATE, (new.to_json(), new.sandbox_id, expected_generation))
         if cursor.rowcount != 1:
             raise await self._why_not(new.sandbox_id, expected_generation)
 

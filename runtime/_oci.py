@@ -131,7 +131,7 @@ INOTIFY_WATCHES = 65_536
 # The createRuntime hook: reads the container state (JSON, with the init's pid) on stdin, joins
 # that process's user namespace as its root (host root, unmapped there, would lose every
 # capability at the exec of the shell that writes) and sets its limits. A shell, not Python: a
-# Python start was ~25 ms of every create. The state is the runtime's own (nothing of the
+# Python start was ~35 ms of every create. The state is the runtime's own (nothing of the
 # tenant's has run yet), and its first "pid" key is the init's.
 _USERNS_LIMITS_HOOK = r"""
 state=$(cat) || exit 1
