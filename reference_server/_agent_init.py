@@ -80,7 +80,11 @@ HEALTH_TIMEOUT_S = 3.0  # a pause with requireHealthyGuest waits this long for t
 async def agent_answers(host: str, port: int, *, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
     """Whether the agent answers ``GET /health`` with a success within ``timeout_s`` (the guest is healthy)."""
     try:
-        async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client, asyncio.timeout(timeout_s):
+        # Plain HTTP to a sandbox: no certificate store to load (~28 ms of the event loop per client).
+        async with (
+            httpx.AsyncClient(timeout=timeout_s, trust_env=False, verify=False) as client,  # noqa: S501 - http:// only
+            asyncio.timeout(timeout_s),
+        ):
             response = await client.get(f"http://{_bracketed(host)}:{port}/health")
     except (httpx.TransportError, TimeoutError):
         return False

@@ -297,7 +297,8 @@ class WarmPool:
 async def _http_probe(host: str, port: int, path: str) -> bool:
     host_part = f"[{host}]" if ":" in host else host
     try:
-        async with httpx.AsyncClient(timeout=2.0, trust_env=False) as client:
+        # Plain HTTP to a sandbox: no certificate store to load (~28 ms of the event loop per client).
+        async with httpx.AsyncClient(timeout=2.0, trust_env=False, verify=False) as client:  # noqa: S501 - http:// only
             return (await client.get(f"http://{host_part}:{port}{path}")).status_code == 200
     except httpx.TransportError:
         return False
