@@ -59,6 +59,8 @@ METRICS = (
     ("upload", "upload (files.write)", "floor_http_upload", "MB/s"),
     ("download", "download (files.read)", "floor_http_download", "MB/s"),
     ("pause_resume", "pause → resume → command", "floor_http_round_trip", "ms"),
+    ("resume_to_first_run", "resume → first command (after a memory pause)", "floor_http_round_trip", "ms"),
+    ("paused_memory", "memory of a memory-paused sandbox (backend metrics)", "floor_idle_process", "MiB"),
     ("idle_memory_per_sandbox", "idle memory per sandbox (backend metrics)", "floor_idle_process", "MiB"),
     ("idle_memory_host_drop", "idle memory per sandbox (host MemAvailable drop)", "floor_idle_process", "MiB"),
 )
@@ -141,6 +143,14 @@ def backend_memory(server: ManagedServer) -> list[int]:
     return asyncio.run(read())
 
 
+def sandbox_memory(server: ManagedServer, sandbox_id: str) -> int:
+    """One sandbox's memory figure as its backend reports it (0 where it holds none: no cgroup)."""
+    from runtime.backends import BackendOptions, open_backend  # noqa: PLC0415
+
+    backend = open_backend(server.backend, BackendOptions(state_dir=server.data_dir / "runtime"))
+    return asyncio.run(backend.metrics(sandbox_id)).memory_bytes
+
+
 def _lines(stream: IO[str], out: queue.Queue[str | None]) -> None:
     for line in stream:
         out.put(line)
@@ -185,6 +195,11 @@ def _drive_client(server: ManagedServer, counts: tuple[int, ...], deadline: floa
                     memory["backend_bytes"] = backend_memory(server)
                 except Exception as exc:  # noqa: BLE001 - a backend without metrics: the host figure stands
                     memory["backend_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            elif message.get("phase") in ("running", "paused"):
+                try:
+                    memory[message["phase"]] = sandbox_memory(server, str(message["sandbox"]))
+                except Exception as exc:  # noqa: BLE001 - a backend without metrics: shown as an error
+                    memory["paused_error"] = f"{type(exc).__name__}: {exc}"[:300]
             if "phase" in message:
                 process.stdin.write("go\n")
                 process.stdin.flush()
@@ -246,6 +261,10 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
         out["idle_memory_per_sandbox"] = {"mib": statistics.median(figures) / (1 << 20), "n": len(figures)}
     elif "backend_error" in memory:
         out["idle_memory_per_sandbox"] = {"error": memory["backend_error"]}
+    if "paused" in memory:  # the same sandbox's figure while it ran is kept beside it
+        out["paused_memory"] = {"mib": memory["paused"] / (1 << 20), "running_mib": memory["running"] / (1 << 20)}
+    elif "paused_error" in memory:
+        out["paused_memory"] = {"error": memory["paused_error"]}
     return out
 
 
@@ -298,6 +317,8 @@ def table(report: dict[str, Any]) -> str:
                 ratio = found["ratios"].get(key)
                 figure = throughput(report, value) if unit == "MB/s" else value
                 notes = [f"x{ratio:.1f}"] if ratio is not None else []
+                if entry and "running_mib" in entry:  # a paused sandbox beside itself running
+                    notes.append(f"running {entry['running_mib']:.1f} MiB")
                 if entry and "p90_ms" in entry:  # for a transfer, the p90 time is the lower rate
                     p90 = entry["p90_ms"]
                     notes.append(f"p90 {throughput(report, p90) if unit == 'MB/s' else p90:.1f}")

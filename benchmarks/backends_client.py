@@ -84,6 +84,16 @@ def _pause_resume(sbx: Sandbox, count: int) -> dict[str, Any]:
     return {"pause": pause, "resume_to_first_run": resume, "pause_resume": total}
 
 
+def _paused_memory(sbx: Sandbox) -> None:
+    """The parent reads the sandbox's memory while it runs and while it is paused (memory freed or kept)."""
+    _emit({"phase": "running", "sandbox": sbx.sandbox_id})
+    sys.stdin.readline()
+    sbx.pause()
+    _emit({"phase": "paused", "sandbox": sbx.sandbox_id})
+    sys.stdin.readline()
+    Sandbox.connect(sbx.sandbox_id).commands.run("true")
+
+
 def _transfers(sbx: Sandbox, count: int, payload: bytes) -> dict[str, list[float]]:
     """Upload and download ``payload`` through the sandbox's files API, and the same over bare loopback."""
     floor = httpx.Client(timeout=600)
@@ -152,6 +162,8 @@ def main() -> None:
         result["warm_commands_run_true"] = _timed(lambda: sbx.commands.run("true"), iterations)
         result |= _transfers(sbx, transfers, os.urandom(mib << 20))
         result |= _pause_resume(sbx, pauses)
+        if "pause_error" not in result:
+            _paused_memory(sbx)
     finally:
         sbx.kill()
     _emit({"result": result})

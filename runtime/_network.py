@@ -1,7 +1,8 @@
 """Per-sandbox networking: one network namespace and one veth pair per sandbox, one host firewall table.
 
 Every sandbox gets a named network namespace (``/run/netns/e2b-<key>``, which crun joins through
-the OCI spec's ``path``) and a veth pair on a /30 of its own: the host end (``e2bh…``) holds the
+the OCI spec's ``path``, or, where the runtime makes it, the name given to the container's with
+``create(attach_pid=…)``) and a veth pair on a /30 of its own: the host end (``e2bh…``) holds the
 first usable address, the sandbox end (``e2bs…``) the second. The host reaches the sandbox's
 ports on that address (the data-plane proxy connects to the agent there); the sandbox gets no
 default route unless asked for egress.

@@ -18,7 +18,8 @@ Choices, and why:
   struct seccomp cannot read, and libc then falls back to ``clone``. So a sandbox's root makes
   no nested user or network namespace.
 - ``/sys``: a sysfs of the sandbox's network namespace, mounted by the backend on the host and
-  bound here (``plan.sysfs``), so ``class/net`` lists the sandbox's interfaces only; the cgroup
+  bound here (``plan.sysfs``), or the runtime's own when it makes the namespace itself
+  (``netns_path`` None, inside the user namespace), so ``class/net`` lists the sandbox's interfaces only; the cgroup
   namespace roots ``/sys/fs/cgroup`` at the sandbox's own cgroup; firmware and power counters are masked.
 - Limits: memory (hard, no swap), pids, CPU quota, set through the cgroup the runtime names;
   open files per process (``RLIMIT_NOFILE``); inotify instances and watches per sandbox user
@@ -153,10 +154,14 @@ _ALLOWED_DEVICES: list[dict[str, Any]] = [
 ] + [{"allow": True, "type": "c", "major": 136, "access": "rwm"}]
 
 
+# The device nodes a runtime gives every container (the OCI defaults); binds of the host's in a user namespace.
+DEVICE_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+
+
 @dataclass(frozen=True)
 class ContainerPlan:
     rootfs: str  # the overlay mount point
-    netns_path: str
+    netns_path: str | None  # None: the runtime makes one (inside the user namespace, if any)
     hostname: str
     hosts_file: str  # bind-mounted over /etc/hosts
     resolv_file: str  # bind-mounted over /etc/resolv.conf
@@ -176,6 +181,9 @@ class ContainerPlan:
     # seccomp rules that must answer ENOSYS (clone3, so libc falls back to clone); off where the
     # runtime answers every refusal with EPERM (gVisor's), which would make libc fail thread creation.
     enosys_rules: bool = True
+    # The host's device nodes the runtime binds into /dev in a user namespace, listed as mounts:
+    # a checkpoint refuses mounts it was not told of (CRIU's "mounts without a root").
+    device_binds: bool = False
 
 
 def _mount(destination: str, kind: str, source: str, options: list[str]) -> dict[str, Any]:
@@ -212,6 +220,10 @@ def config(plan: ContainerPlan) -> dict[str, Any]:
             ),
             _mount("/dev/shm", "tmpfs", "shm", ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]),  # noqa: S108
             _mount("/dev/mqueue", "mqueue", "mqueue", ["nosuid", "noexec", "nodev"]),
+            *(
+                _mount(f"/dev/{node}", "bind", f"/dev/{node}", ["rbind", "nosuid", "noexec"])
+                for node in (DEVICE_NODES if plan.device_binds else ())
+            ),
             (
                 _mount("/sys", "bind", plan.sysfs, ["rbind", "nosuid", "noexec", "nodev", "ro"])
                 if plan.sysfs
@@ -235,7 +247,7 @@ def config(plan: ContainerPlan) -> dict[str, Any]:
                 {"type": "uts"},
                 {"type": "mount"},
                 {"type": "cgroup"},
-                {"type": "network", "path": plan.netns_path},
+                {"type": "network", **({"path": plan.netns_path} if plan.netns_path else {})},
                 *([{"type": "user"}] if plan.id_mapping else []),
             ],
             **({"uidMappings": plan.id_mapping, "gidMappings": plan.id_mapping} if plan.id_mapping else {}),

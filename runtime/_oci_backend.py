@@ -8,6 +8,7 @@ Per sandbox, under ``<state>/sandboxes/<id>/``::
                   (kept, mounted, across a filesystem-only pause)
     bundle/       config.json, hosts, resolv.conf, rootfs/ (the overlay mount point)
     logs/         the sandbox's output, rotated and bounded while it runs (``sandbox.log``, ``.1``)
+    memory/       a checkpointed sandbox's processes and memory (CRIU's images), while it is paused
 
 ``OciBackend`` is the whole ``Backend`` but for the container runtime's command, which it
 reaches through ``ContainerRuntime``: create a container from a bundle, start, freeze, thaw,
@@ -17,9 +18,10 @@ takes the same arguments and is one more small module of the same shape.
 Lifecycle: create = record + disk + network + id range + idmapped lowers + volume views + overlay + sysfs +
 bundle; start = the
 runtime's create and start, then wait for the agent's ``/health`` (``_health``: probes that the
-agent's ready signal cuts short); pause(memory) = freeze
-(the cgroup freezer); pause(filesystem) = delete the container, keeping ``upper/``; resume =
-thaw, or a fresh create + start on the same writable layer; kill marks the record releasing,
+agent's ready signal cuts short); pause(memory) = a checkpoint to ``memory/`` where the runtime
+can (``checkpoint_config``; the runtime then makes the network namespace and ``_plug`` names it),
+else freeze (the cgroup freezer); pause(filesystem) = delete the container, keeping ``upper/``;
+resume = restore, thaw, or a fresh create + start on the same writable layer; kill marks the record releasing,
 releases everything in reverse order (retried when it fails) and removes the record last.
 reconcile (after a crash or a host restart) never deletes a recorded sandbox's files: it makes
 again what a sandbox lost (``_restore``), turns one whose processes are gone into STOPPED, and
@@ -43,7 +45,7 @@ import resource
 import secrets
 import shutil
 import subprocess
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -76,6 +78,8 @@ from .templates import Template, ensure_template, register_template_user, templa
 
 CGROUP_PARENT = "e2b-compat"
 _CGROUP_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "cpuset", "devices", "freezer", "blkio", "hugetlb")
+_RUNTIME_CHILD_CGROUPS = (".proxy-crun",)  # crun 1.21's, left by a restore that failed
+_MEMORY = "memory"  # a checkpointed sandbox's processes and memory, in its folder
 _LAST_SNAPSHOT = "last-snapshot"  # in a sandbox's folder: its newest snapshot's id, to share files with
 _KILL_ATTEMPTS = 4  # a failing release is tried this often, pausing 0.25, 0.5, 1 s between
 _KILL_BACKOFF_S = 0.25
@@ -125,6 +129,12 @@ class ContainerRuntime(Protocol):
 
     def status(self, container: str) -> str | None: ...
 
+    def pid(self, container: str) -> int: ...
+
+    async def checkpoint(self, container: str, images: Path, *, config: Path) -> None: ...
+
+    async def restore(self, bundle: Path, container: str, log: Path, images: Path, *, config: Path) -> None: ...
+
 
 @dataclass
 class Record:
@@ -142,6 +152,7 @@ class Record:
     disk: str | None = None  # the disk image holding upper/ and work/ (runtime._disk); None: the home's
     spec: dict[str, Any] = field(default_factory=dict)
     releasing: bool = False  # a kill began: reconcile finishes the release, never re-creates it
+    memory: str | None = None  # paused with its processes written here (a checkpoint); resume restores them
 
     @staticmethod
     def load(path: Path) -> Record:
@@ -183,8 +194,19 @@ class OciBackend:
         addresses: _addresses.AddressRegistry | None = None,  # default: the host's one registry
         id_ranges: _idranges.IdRangeRegistry | None = None,  # default: the host's one registry
         share_agent_memory: bool = False,  # the runtime starts the agent at a fixed layout (``runtime._ksm``)
+        runtime_netns: bool = False,  # the runtime makes the network namespace (see below)
+        checkpoint_config: Path | None = None,  # CRIU's options: a memory pause checkpoints (needs runtime_netns)
     ) -> None:
         self._dir = state_dir
+        if checkpoint_config is not None and not runtime_netns:
+            raise ValueError("a checkpoint needs the network namespace the runtime makes")
+        self._checkpoint_config = checkpoint_config
+        # With ``runtime_netns`` the runtime makes the sandbox's network namespace inside the
+        # sandbox's user namespace, and the host names it and plugs the veth in between the
+        # runtime's create and start (``_plug``), as for Docker's. A checkpoint needs this: CRIU
+        # dumps only namespaces that belong to the sandbox's user namespace. Without it the host
+        # makes the namespace first (owned by the host's user namespace) and the runtime joins it.
+        self._runtime_netns = runtime_netns
         self._runtime = container_runtime
         self._share_agent_memory = share_agent_memory
         self._mapping = id_mapping
@@ -323,15 +345,18 @@ class OciBackend:
         # The disk and the network namespace need nothing of each other (a few host commands each,
         # ~13 and ~21 ms): the namespace is made in a second thread while this one makes the disk.
         # Both have ended before anything is raised, so a release never races either.
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="provision") as helper:
-            network = helper.submit(
-                _network.create, net, egress=bool(record.spec["egress"]), policy=_policy(record.spec)
-            )
-            try:
-                self._ensure_disk(record)
-            finally:
-                concurrent.futures.wait([network])
-            network.result()
+        if self._runtime_netns:  # the runtime makes it; _boot plugs the veth in
+            self._ensure_disk(record)
+        else:
+            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="provision") as helper:
+                network = helper.submit(
+                    _network.create, net, egress=bool(record.spec["egress"]), policy=_policy(record.spec)
+                )
+                try:
+                    self._ensure_disk(record)
+                finally:
+                    concurrent.futures.wait([network])
+                network.result()
         lowers = self._map_lowers(record)
         self._map_volumes(record)
         record.mounted = True
@@ -464,6 +489,8 @@ class OciBackend:
         and falls back to binding the host's ``/sys``, whose ``class/net`` and ``devices/*/net``
         show the host's interfaces. Mounted by root inside the namespace, sysfs shows its own only.
         """
+        if self._runtime_netns:  # the namespace is the sandbox's: the runtime mounts its sysfs
+            return None
         target = self._home(record.sandbox_id) / "bundle" / "sys"
         if _hostfs.is_mount(str(target)):
             return target
@@ -483,7 +510,8 @@ class OciBackend:
         (bundle / "resolv.conf").write_text(_oci.resolv_file([]))
         plan = _oci.ContainerPlan(
             rootfs=str(bundle / "rootfs"),
-            netns_path=str(net.netns_path),
+            netns_path=None if self._runtime_netns else str(net.netns_path),
+            device_binds=self._runtime_netns,
             sysfs=str(sysfs) if sysfs else None,
             hostname=hostname,
             hosts_file=str(bundle / "hosts"),
@@ -533,6 +561,9 @@ class OciBackend:
         log = home / "logs" / "sandbox.log"
         assert record.network is not None
         net = _network.SandboxNetwork.from_record(record.network)
+        # Written again: a sandbox made by a server whose runtime made its network namespace the
+        # other way (checkpoint tools built or gone since) boots with this server's way.
+        await asyncio.to_thread(self._write_bundle, record, net)
         with _health.ready_signal(self._runtime.passes_ready_fd) as ready:
             try:
                 await self._runtime.create(
@@ -541,7 +572,11 @@ class OciBackend:
             finally:
                 if ready is not None:
                     ready.close_write_end()  # the container's init holds its own copy now
-            await self._runtime.start(container)
+            if self._runtime_netns:
+                # Side by side: the agent needs no network to start, only to be probed below.
+                await _both(asyncio.to_thread(self._plug, record, container), self._runtime.start(container))
+            else:
+                await self._runtime.start(container)
             try:
                 await _health.wait_healthy(f"http://{net.sandbox_ip}:{ENVD_PORT}/health", log, ready)
             except BackendError as exc:  # what was there when it gave up: the process, the namespace
@@ -555,7 +590,9 @@ class OciBackend:
                 record = self._record(sandbox_id)
                 target = next_state(State(record.state), Action.PAUSE_MEMORY if memory else Action.PAUSE_FILESYSTEM)
                 assert record.container is not None
-                if memory:
+                if memory and self._checkpoint_config is not None:
+                    await self._checkpoint(record, self._checkpoint_config)
+                elif memory:
                     await self._runtime.freeze(record.container)
                 else:
                     await self._stop_container(record)
@@ -563,13 +600,101 @@ class OciBackend:
                 self._save(record)
             return self._info(record)
 
+    async def _checkpoint(self, record: Record, config: Path) -> None:
+        """The sandbox's processes and memory written to ``memory/`` in its folder; its RAM is freed.
+
+        The veth pair goes first: CRIU re-creates a veth's host end only through a request this
+        kernel refuses (EOPNOTSUPP), so the checkpoint holds a namespace with its loopback only
+        and a restore plugs a new pair in, as a boot does. Connections are not kept (CRIU's
+        ``tcp-close``); listening sockets are. When the checkpoint fails, the container runs on
+        unharmed: its network is plugged back and it is frozen instead (logged), which keeps
+        the memory pause's promise, not the freeing.
+        """
+        assert record.container is not None
+        assert record.network is not None
+        images = self._home(record.sandbox_id) / _MEMORY
+        await asyncio.to_thread(shutil.rmtree, images, True)  # what a failed attempt left
+        images.mkdir(mode=0o700)
+        await asyncio.to_thread(_network.destroy, _network.SandboxNetwork.from_record(record.network))
+        try:
+            await self._runtime.checkpoint(record.container, images, config=config)
+        except BackendError as exc:
+            kept = self._home(record.sandbox_id) / "logs" / "dump.log"
+            with contextlib.suppress(OSError):  # CRIU's account, for the operator: the images go
+                os.replace(images / "dump.log", kept)
+            _log.warning("checkpointing %s failed, frozen instead: %s%s", record.sandbox_id, exc, _criu_errors(kept))
+            await asyncio.to_thread(shutil.rmtree, images, True)
+            await asyncio.to_thread(self._plug, record, record.container)
+            await self._runtime.freeze(record.container)
+            return
+        record.container = None  # the checkpoint ended it
+        record.memory = str(images)
+        self._save(record)
+        # The restore opens some images from a task just cloned into the new user namespace,
+        # which may run before its id map is written and is then nobody to the host: it needs
+        # search on this folder (CRIU writes the images 0644). Nobody else reaches it: the
+        # sandbox's folder above is its root's, 0700.
+        os.chmod(images, 0o711)  # noqa: S103 - search only, below a 0700 folder
+
+    async def _restore_memory(self, record: Record, config: Path) -> None:
+        """The checkpointed processes running again in a new container on the same files and address.
+
+        After a host restart the mounts come back first (``_restore_for_boot``). A restore that
+        fails boots the sandbox afresh on its files (logged): what a lost sandbox gets at
+        reconcile, E2B's nearest to a resume whose memory is gone.
+        """
+        assert record.memory is not None
+        assert record.network is not None
+        await asyncio.to_thread(self._restore_for_boot, record)
+        home = self._home(record.sandbox_id)
+        container = f"e2b-{record.sandbox_id}-{secrets.token_hex(3)}"
+        record.container = container
+        self._save(record)
+        log = home / "logs" / "sandbox.log"
+        net = _network.SandboxNetwork.from_record(record.network)
+        try:
+            await asyncio.to_thread(self._remove_cgroups, record.sandbox_id)  # a failed restore's
+            await self._runtime.restore(home / "bundle", container, log, Path(record.memory), config=config)
+            await asyncio.to_thread(self._plug, record, container)
+            await _health.wait_healthy(f"http://{net.sandbox_ip}:{ENVD_PORT}/health", log, None)
+        except BackendError as exc:
+            kept = home / "logs" / "restore.log"
+            with contextlib.suppress(OSError):  # CRIU's account, for the operator: the images go
+                os.replace(Path(record.memory) / "restore.log", kept)
+            _log.warning(
+                "restoring %s from its checkpoint failed, booting it afresh: %s%s",
+                record.sandbox_id,
+                exc,
+                _criu_errors(kept),
+            )
+            await self._stop_container(record)
+            await asyncio.to_thread(self._remove_cgroups, record.sandbox_id)
+            await self._boot(record)
+        await asyncio.to_thread(shutil.rmtree, record.memory, True)
+        record.memory = None
+        self._save(record)
+
+    def _remove_cgroups(self, sandbox_id: str) -> None:
+        """The sandbox's cgroups, where no process is left in them (a runtime's own child groups first)."""
+        for controller in _CGROUP_CONTROLLERS:
+            group = f"/sys/fs/cgroup/{controller}/{CGROUP_PARENT}/{sandbox_id}"
+            for child in _RUNTIME_CHILD_CGROUPS:
+                with contextlib.suppress(OSError):
+                    os.rmdir(f"{group}/{child}")
+            with contextlib.suppress(OSError):
+                os.rmdir(group)
+
     async def resume(self, sandbox_id: str) -> SandboxInfo:
         with _reported(f"resuming sandbox {sandbox_id}"):
             async with self._lock(sandbox_id):
                 record = self._record(sandbox_id)
                 current = State(record.state)
                 next_state(current, Action.RESUME)
-                if current is State.PAUSED:
+                if current is State.PAUSED and record.memory is not None:
+                    if self._checkpoint_config is None:
+                        raise BackendError(f"sandbox {sandbox_id} was checkpointed; this server cannot restore it")
+                    await self._restore_memory(record, self._checkpoint_config)
+                elif current is State.PAUSED:
                     assert record.container is not None
                     await self._runtime.thaw(record.container)
                 else:
@@ -586,6 +711,9 @@ class OciBackend:
                 target = next_state(State(record.state), Action.DISCARD_MEMORY)
                 # The runtime's delete kills a frozen container's processes before they thaw.
                 await self._stop_container(record)
+                if record.memory is not None:
+                    await asyncio.to_thread(shutil.rmtree, record.memory, True)
+                    record.memory = None
                 record.state = target.value
                 self._save(record)
             return self._info(record)
@@ -659,9 +787,7 @@ class OciBackend:
             self._addresses.release(net.subnet, self._owner, record.sandbox_id)
         if record.ids is not None:  # after every process and mount of the sandbox is gone
             self._ids.release(record.ids, self._owner, record.sandbox_id)
-        for controller in _CGROUP_CONTROLLERS:
-            with contextlib.suppress(OSError):
-                os.rmdir(f"/sys/fs/cgroup/{controller}/{CGROUP_PARENT}/{record.sandbox_id}")
+        self._remove_cgroups(record.sandbox_id)
         if record.disk:  # after the overlay that writes to it; the image file goes with the folder
             _disk.release(Path(record.disk), self._layer(record))
         still = _hostfs.mounts_under(home)
@@ -799,7 +925,8 @@ class OciBackend:
                 record.spec.update(egress=allow_internet_access, allow_out=list(allow_out), deny_out=list(deny_out))
                 net = _network.SandboxNetwork.from_record(record.network)
                 policy = _policy(record.spec)
-                await asyncio.to_thread(_network.set_policy, net, egress=allow_internet_access, policy=policy)
+                if all(_network.exists(net).values()):  # plugged now; otherwise the next plug applies it
+                    await asyncio.to_thread(_network.set_policy, net, egress=allow_internet_access, policy=policy)
                 self._save(record)
 
     async def address(self, sandbox_id: str, port: int) -> tuple[str, int]:
@@ -899,6 +1026,14 @@ class OciBackend:
         if state in (State.RUNNING, State.PAUSED) and alive and mounted:
             _hostfs.ensure_nosuid(rootfs)  # mounted by a version before the host's view was nosuid
             return False
+        if state is State.PAUSED and record.memory is not None and os.path.isdir(record.memory):
+            # Checkpointed: no container by design. Mounts a host restart took come back now
+            # (a passing failure is tried again by its resume).
+            try:
+                self._restore(record)
+            except (SandboxRuntimeError, OSError, subprocess.SubprocessError) as exc:
+                _log.warning("re-creating the resources of %s failed: %s", record.sandbox_id, exc)
+            return False
         lost = state in (State.RUNNING, State.PAUSED)
         if record.container is not None:  # dead, or alive on a root that is gone: its processes end here
             self._runtime.delete(record.container)
@@ -944,7 +1079,8 @@ class OciBackend:
         held = {str(lease.subnet) for lease in self._addresses.leases(self._owner) if lease.key == record.sandbox_id}
         if record.network is not None:
             old = _network.SandboxNetwork.from_record(record.network)
-            if str(old.subnet) in held and all(_network.exists(old).values()):
+            # A namespace the runtime makes is plugged in at each boot: the lease is what must hold.
+            if str(old.subnet) in held and (self._runtime_netns or all(_network.exists(old).values())):
                 return
             _network.destroy(old)  # what is left of it; missing pieces are fine
             self._addresses.release(old.subnet, self._owner, record.sandbox_id)
@@ -952,7 +1088,21 @@ class OciBackend:
         net = _network.plan(record.sandbox_id, self._addresses.allocate(self._owner, record.sandbox_id))
         record.network = net.to_record()
         self._save(record)  # recorded before it exists
-        _network.create(net, egress=bool(record.spec["egress"]), policy=_policy(record.spec))
+        if not self._runtime_netns:  # otherwise the next boot or restore plugs it in
+            _network.create(net, egress=bool(record.spec["egress"]), policy=_policy(record.spec))
+
+    def _plug(self, record: Record, container: str) -> None:
+        """The runtime's new network namespace gets the sandbox's name, veth pair and rules.
+
+        What a previous boot left under the name (a namespace whose processes ended, held by the
+        name alone) is removed first, so the name always points at the running container's.
+        """
+        assert record.network is not None
+        pid = self._runtime.pid(container)
+        net = _network.SandboxNetwork.from_record(record.network)
+        if any(_network.exists(net).values()):  # looked at without a command: a destroy costs ~25 ms
+            _network.destroy(net)
+        _network.create(net, egress=bool(record.spec["egress"]), policy=_policy(record.spec), attach_pid=pid)
 
     def _mapped(self, record: Record) -> tuple[tuple[str, str | None], ...]:
         """Each lower and where the overlay sees it: through its idmapped bind (None: as it is), as ``_map_lowers``."""
@@ -1017,6 +1167,23 @@ class OciBackend:
         if not folder.is_dir():
             return ()
         return tuple(sorted({entry.name.split(".")[0] for entry in folder.iterdir() if entry.is_dir()}))
+
+
+async def _both(first: Awaitable[None], second: Awaitable[None]) -> None:
+    """Both run to their end (neither is left running on its own); then the first failure is raised."""
+    results = await asyncio.gather(first, second, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+
+
+def _criu_errors(log: Path, count: int = 3) -> str:
+    """The last few errors CRIU's log names, for a warning (the log itself is kept beside)."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if "Error (" in line]
+    except OSError:
+        return ""
+    return f" (CRIU: {' | '.join(lines[-count:])[:600]})" if lines else ""
 
 
 def _policy(spec: dict[str, Any]) -> _network.EgressPolicy | None:

@@ -6,7 +6,9 @@ on the host, and ``reconcile()`` can compare both views. Records, network, layer
 snapshots and crash recovery are ``OciBackend``'s (see its docstring and docs/ARCHITECTURE.md).
 
 The commands: ``create --bundle``, ``start``, ``pause``/``resume`` (the cgroup freezer),
-``kill``/``delete --force`` and ``state`` (JSON with a ``status``), each after ``--root``.
+``kill``/``delete --force``, ``state`` (JSON with a ``status`` and the init's ``pid``), and with
+the checkpoint tools (``runtime._checkpoint_tools``: CRIU and a crun built against it)
+``checkpoint``/``restore --detach`` with CRIU's own options in ``CRIU_OPTIONS``; each after ``--root``.
 gVisor's ``runsc`` takes the same ones, so a runsc backend is ``CrunCommand("runsc", root,
 global_args=...)`` under an ``OciBackend`` subclass of its own, in a module like this one.
 """
@@ -18,12 +20,13 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import _hostfs, _idmap, _ksm, _network, host
+from . import _checkpoint_tools, _hostfs, _idmap, _ksm, _network, host
 from ._addresses import AddressRegistry
+from ._checkpoint_tools import CheckpointTools
 from ._oci_backend import CGROUP_PARENT, OciBackend
 from .backend import BackendError, Feature
 
@@ -31,7 +34,7 @@ if TYPE_CHECKING:
     from .backends import BackendOptions
     from .templates import Template
 
-__all__ = ["CGROUP_PARENT", "FEATURES", "CrunBackend", "CrunCommand", "open_backend", "prepare_host"]
+__all__ = ["CGROUP_PARENT", "CRIU_OPTIONS", "FEATURES", "CrunBackend", "CrunCommand", "open_backend", "prepare_host"]  # noqa: F822 - FEATURES is the module's __getattr__
 
 _DELETE_TIMEOUT_S = 10.0
 
@@ -47,8 +50,10 @@ class CrunCommand:
         global_args: Sequence[str] = (),
         passes_ready_fd: bool = False,
         fixed_layout: bool = False,
+        env: Mapping[str, str] | None = None,  # the runtime's environment (None: the server's)
     ) -> None:
         self.executable = executable
+        self.env = dict(env) if env is not None else None
         self.name = Path(executable).name
         self.root = root
         self.global_args = tuple(global_args)
@@ -66,17 +71,55 @@ class CrunCommand:
         # writer, so a sandbox printing without end holds the host to the log's bounded size.
         if ready_fd is not None and not self.passes_ready_fd:
             raise ValueError(f"{self.name} is not asked to pass descriptors on")
-        out = await asyncio.to_thread(_hostfs.log_writer, log)
         passed = ("--preserve-fds", "1") if ready_fd is not None else ()
         argv = self.argv("create", *passed, "--bundle", str(bundle), container)
+        await self._spawn_container(bundle, argv, log, f"create failed for {container}", ready_fd=ready_fd)
+
+    async def restore(self, bundle: Path, container: str, log: Path, images: Path, *, config: Path) -> None:
+        """The container of ``images`` (a ``checkpoint``) running again, its processes where they were.
+
+        ``config`` is CRIU's option file. The restored init's standard streams are the ones this
+        call gives (crun re-attaches the pipes it recorded): the log's writer, as at create.
+        """
+        argv = self.argv("restore", "--detach", "--image-path", str(images), "--bundle", str(bundle), container)
+        await self._spawn_container(bundle, argv, log, f"restore failed for {container}", config=config)
+
+    async def checkpoint(self, container: str, images: Path, *, config: Path) -> None:
+        """The container's processes and memory written to ``images``; the container is gone after."""
+        await self._checked("checkpoint", "--image-path", str(images), container, config=config)
+
+    def pid(self, container: str) -> int:
+        """The container's init, as the host sees it (BackendError when the runtime knows none)."""
+        proc = self._call("state", container)
+        pid = json.loads(proc.stdout).get("pid", 0) if proc.returncode == 0 else 0
+        if not isinstance(pid, int) or pid <= 0:
+            raise BackendError(f"{self.name} state {container}: no process ({proc.stderr.strip()[-300:]})")
+        return pid
+
+    async def _spawn_container(
+        self,
+        bundle: Path,
+        argv: list[str],
+        log: Path,
+        failed: str,
+        *,
+        ready_fd: int | None = None,
+        config: Path | None = None,
+    ) -> None:
+        out = await asyncio.to_thread(_hostfs.log_writer, log)
+        # Standard input is a pipe already closed at its other end: reads see its end, as with
+        # /dev/null, and a checkpoint can record it (a host file outside the container it cannot).
+        stdin, closed = os.pipe()
+        os.close(closed)
         try:
             proc = await asyncio.create_subprocess_exec(
                 # The root is nosuid on the host: the container is made from a view where it is not.
                 *_hostfs.with_setuid_root(bundle / "rootfs", argv, fd3=ready_fd, fixed_layout=self.fixed_layout),
                 pass_fds=() if ready_fd is None else (ready_fd,),
-                stdin=subprocess.DEVNULL,
+                stdin=stdin,
                 stdout=out,
                 stderr=out,
+                env=self._env(config),
                 # The container's init inherits this session: in the caller's, a signal to the
                 # caller's process group (Ctrl-C, a supervisor stopping the server) would reach
                 # every sandbox. Sandboxes outlive the server; startup reconciliation adopts them.
@@ -84,11 +127,17 @@ class CrunCommand:
             )
         finally:
             os.close(out)
+            os.close(stdin)
         code = await proc.wait()
         if code != 0:
             # No container holds the pipe: the writer ends as soon as it has written crun's error.
             await asyncio.to_thread(_hostfs.wait_log_writer, log, _DELETE_TIMEOUT_S)
-            raise BackendError(f"{self.name} create failed for {container}: {_hostfs.tail(log)}")
+            raise BackendError(f"{self.name} {failed}: {_hostfs.tail(log)}")
+
+    def _env(self, config: Path | None = None) -> dict[str, str] | None:
+        if config is None:
+            return self.env
+        return {**(self.env if self.env is not None else os.environ), "CRIU_CONFIG_FILE": str(config)}
 
     async def start(self, container: str) -> None:
         await self._checked("start", container)
@@ -101,26 +150,33 @@ class CrunCommand:
 
     def delete(self, container: str) -> None:
         # SIGKILL reaches every process in the container's pid namespace through PID 1's death.
-        _hostfs.run(*self.argv("kill", container, "KILL"), check=False)
+        self._call("kill", container, "KILL")
         deadline = time.monotonic() + _DELETE_TIMEOUT_S
         while time.monotonic() < deadline:
-            if _hostfs.run(*self.argv("delete", "--force", container), check=False).returncode == 0:
+            if self._call("delete", "--force", container).returncode == 0:
                 return
-            if "does not exist" in _hostfs.run(*self.argv("state", container), check=False).stderr:
+            if "does not exist" in self._call("state", container).stderr:
                 return
             time.sleep(0.05)
         raise BackendError(f"could not delete container {container}")
 
+    def _call(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.argv(*args), capture_output=True, text=True, check=False, env=self.env)
+
     def status(self, container: str) -> str | None:
-        proc = subprocess.run(self.argv("state", container), capture_output=True, text=True, check=False)
+        proc = self._call("state", container)
         if proc.returncode != 0:
             return None
         status: str = json.loads(proc.stdout).get("status", "")
         return status
 
-    async def _checked(self, *args: str) -> None:
+    async def _checked(self, *args: str, config: Path | None = None) -> None:
         proc = await asyncio.create_subprocess_exec(
-            *self.argv(*args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            *self.argv(*args),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=self._env(config),
         )
         _, err = await proc.communicate()
         if proc.returncode != 0:
@@ -144,34 +200,76 @@ class CrunBackend(OciBackend):
         templates: Iterable[Template] = (),  # already built: used as they are, never looked up again
         addresses: AddressRegistry | None = None,  # default: the host's one registry
         share_agent_memory: bool = False,  # the agents' start-up pages merged by the host (``_ksm``)
+        checkpoint_tools: CheckpointTools | None = None,  # CRIU and its crun: a memory pause frees the RAM
     ) -> None:
         share = share_agent_memory and _ksm.ensure_running()
+        config = None
+        if checkpoint_tools is not None:
+            crun = str(checkpoint_tools.crun)
+            state_dir.mkdir(parents=True, exist_ok=True)
+            config = state_dir / "criu.conf"
+            config.write_text(CRIU_OPTIONS)
+            self.features = self.features | {Feature.PAUSE_MEMORY_ON_DISK}
         super().__init__(
             state_dir,
-            CrunCommand(crun, state_dir / "crun", passes_ready_fd=True, fixed_layout=share),
+            CrunCommand(
+                crun,
+                state_dir / "crun",
+                passes_ready_fd=True,
+                fixed_layout=share,
+                env=checkpoint_tools.env() if checkpoint_tools is not None else None,
+            ),
             pool=pool,
             templates_root=templates_root,
             id_mapping=id_mapping,
             templates=templates,
             addresses=addresses,
             share_agent_memory=share,
+            runtime_netns=checkpoint_tools is not None,
+            checkpoint_config=config,
         )
 
 
-# What the ``crun`` entry provides, read by reports and benchmarks without opening a backend.
-FEATURES: frozenset[Feature] = CrunBackend.features
+# CRIU's options for a sandbox's checkpoint and restore, beyond what crun passes:
+# - tcp-close: connections are not kept (a paused E2B sandbox keeps none either), so neither the
+#   host's nor the peers' side must be frozen meanwhile; listening sockets are kept;
+# - network-lock skip: with no connection kept there is nothing to lock (and no iptables needed);
+# - skip-in-flight: a connection half-open at that moment is dropped, its client retries;
+# - file-locks: flock/fcntl locks held inside the sandbox are kept (without it CRIU refuses them).
+CRIU_OPTIONS = "tcp-close\nnetwork-lock skip\nskip-in-flight\nfile-locks\n"
+
+
+def __getattr__(name: str) -> frozenset[Feature]:
+    """``FEATURES``: what the ``crun`` entry provides on this host, read without opening a backend.
+
+    Looked up each time: memory written to disk depends on whether this host built the
+    checkpoint tools, which ``prepare_host`` may do after this module was imported.
+    """
+    if name == "FEATURES":
+        on_disk = {Feature.PAUSE_MEMORY_ON_DISK} if _checkpoint_tools.find() is not None else set()
+        return CrunBackend.features | on_disk
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def open_backend(options: BackendOptions) -> CrunBackend:
-    """The ``crun`` entry of ``runtime.backends``."""
+    """The ``crun`` entry of ``runtime.backends``: with the checkpoint tools when this host built them."""
     return CrunBackend(
         options.state_dir,
         templates_root=options.templates_root,
         templates=options.templates,
         share_agent_memory=options.share_agent_memory,
+        checkpoint_tools=_checkpoint_tools.find(),
     )
 
 
 def prepare_host(say: Callable[[str], None]) -> None:
-    """Install crun, nftables, debootstrap, iproute2 and apply the cgroup fix (``runtime.host.prepare``)."""
+    """Install crun, nftables, debootstrap, iproute2, apply the cgroup fix, build the checkpoint tools.
+
+    The tools are optional: a build that fails is reported, and the backend then pauses memory
+    with the freezer (its features say so).
+    """
     host.prepare(say=say)
+    try:
+        _checkpoint_tools.ensure(say)
+    except _checkpoint_tools.ToolsError as exc:
+        say(f"memory checkpoints are off: {exc}")

@@ -31,7 +31,8 @@ sentry, and every process inside with it (crun's ends one process). ``inspect`` 
 at a running sandbox's container and record one whose sentry is gone as STOPPED, as reconcile
 records a sandbox whose processes ended: files kept, a resume boots it afresh.
 
-Memory pause is runsc's ``pause`` (the cgroup freezer), as crun's: the sandbox stays in RAM.
+Memory pause is runsc's ``pause`` (the cgroup freezer), as crun's without the checkpoint tools:
+the sandbox stays in RAM.
 runsc's own checkpoint/restore would write it to disk, but this runsc cannot checkpoint a sandbox
 whose agent waits on its listening socket: the save panics with "endpoint still has waiters upon
 save" (a TCP listener under epoll) and the container is lost. So no ``PAUSE_MEMORY_ON_DISK``.
@@ -83,7 +84,7 @@ class GvisorBackend(OciBackend):
     """Sandboxes as gVisor containers: ``OciBackend`` on ``runsc`` with the bundle as runsc takes it."""
 
     name = "gvisor"
-    # No host id range of its own (see the module's docstring); memory pause is the freezer, as crun's.
+    # No host id range of its own (see the module's docstring); memory pause is the freezer.
     features: frozenset[Feature] = DEFAULT_FEATURES - {Feature.OWN_ID_RANGE}
 
     def __init__(

@@ -71,6 +71,24 @@ def test_a_backend_without_a_memory_figure_says_why() -> None:
     assert backends.summarise(raw)["idle_memory_per_sandbox"] == {"error": "BackendError: no metrics"}
 
 
+def test_a_paused_sandbox_is_shown_beside_itself_running() -> None:
+    raw = _raw(0.004)
+    raw["idle_memory"] |= {"running": 40 << 20, "paused": 0}
+    results = backends.summarise(raw)
+    assert results["paused_memory"] == {"mib": 0.0, "running_mib": pytest.approx(40.0)}
+    report = {
+        "started_at": "now",
+        "counts": {"transfer_mib": 100},
+        "floors": FLOORS,
+        "backends": {"crun": {"results": results, "ratios": backends.ratios(results, FLOORS), "floors": FLOORS}},
+    }
+    (row,) = [line for line in backends.table(report).splitlines() if line.startswith("| memory of a memory-paused")]
+    assert "0.0 MiB" in row
+    assert "running 40.0 MiB" in row
+    raw["idle_memory"] = {"paused_error": "BackendError: gone"}
+    assert backends.summarise(raw)["paused_memory"] == {"error": "BackendError: gone"}
+
+
 def test_the_table_puts_backends_side_by_side_with_refusals_and_failures_shown() -> None:
     floors = FLOORS
     crun = backends.summarise(_raw(0.004))

@@ -96,7 +96,7 @@ def test_crun_prepares_the_host_with_runtime_host(monkeypatch: pytest.MonkeyPatc
 
 
 def test_crun_opens_a_crun_backend_with_the_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from runtime import crun
+    from runtime import _checkpoint_tools, crun
 
     seen: dict[str, object] = {}
 
@@ -105,6 +105,8 @@ def test_crun_opens_a_crun_backend_with_the_options(tmp_path: Path, monkeypatch:
             seen.update(state_dir=state_dir, **kwargs)
 
     monkeypatch.setattr(crun, "CrunBackend", Recording)
+    tools = _checkpoint_tools.CheckpointTools(tmp_path / "tools")
+    monkeypatch.setattr(_checkpoint_tools, "find", lambda cache_root=None: tools)
     options = BackendOptions(state_dir=tmp_path, templates_root=tmp_path / "cache", share_agent_memory=True)
     assert isinstance(open_backend("crun", options), Recording)
     assert seen == {
@@ -112,6 +114,7 @@ def test_crun_opens_a_crun_backend_with_the_options(tmp_path: Path, monkeypatch:
         "templates_root": tmp_path / "cache",
         "templates": (),
         "share_agent_memory": True,
+        "checkpoint_tools": tools,  # the host's build, when there is one
     }
 
 

@@ -29,8 +29,8 @@ import pytest
 from contract.generated.process import process_connect
 from contract.generated.process import process_pb2 as ppb
 from contract.protocol import ENVD_PORT
-from runtime import _hostfs, _ksm, _network
-from runtime.backend import Limits, SandboxSpec, State, TransitionError
+from runtime import _checkpoint_tools, _hostfs, _ksm, _network
+from runtime.backend import Feature, Limits, SandboxSpec, State, TransitionError
 from runtime.crun import CGROUP_PARENT, CrunBackend
 from runtime.host import ksm_counters
 from runtime.host import prepare as prepare_host
@@ -49,6 +49,16 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
+def _crun_executable() -> str:
+    tools = _checkpoint_tools.find()
+    return str(tools.crun) if tools is not None else "crun"
+
+
+def crun_backend(state_dir: Path, **options: Any) -> CrunBackend:
+    """The backend as a server opens it here: with the checkpoint tools when the host built them."""
+    return CrunBackend(state_dir, checkpoint_tools=_checkpoint_tools.find(), **options)
+
+
 @pytest.fixture(scope="module")
 def state_dir() -> Iterator[Path]:
     prepare_host(say=lambda msg: print(f"host set-up: {msg}"))
@@ -64,7 +74,7 @@ def state_dir() -> Iterator[Path]:
 
 @pytest.fixture
 def backend(state_dir: Path) -> Iterator[CrunBackend]:
-    crun = CrunBackend(state_dir)
+    crun = crun_backend(state_dir)
     yield crun
     for info in run(crun.list()):
         run(crun.kill(info.sandbox_id))
@@ -198,11 +208,16 @@ def test_pause_resume_memory_and_filesystem(backend: CrunBackend) -> None:
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://{host}:{ENVD_PORT}/health", timeout=1)
     run(backend.resume("pz1"))
-    assert shell(host, f"kill -0 {pid.decode().strip()}")[0] == 0, "a memory pause keeps processes"
+    # Connections do not outlive a checkpoint (CRIU's tcp-close): a new one, as the server's proxy opens.
+    assert shell(host, f"kill -0 {pid.decode().strip()}", fresh_connection=True)[0] == 0, (
+        "a memory pause keeps processes"
+    )
     run(backend.pause("pz1", memory=False))
     host = run(backend.resume("pz1")).host or ""
-    assert shell(host, f"kill -0 {pid.decode().strip()}")[0] != 0, "a filesystem pause ends processes"
-    assert shell(host, "cat /home/user/kept.txt")[1] == b"kept\n", "but keeps files"
+    assert shell(host, f"kill -0 {pid.decode().strip()}", fresh_connection=True)[0] != 0, (
+        "a filesystem pause ends processes"
+    )
+    assert shell(host, "cat /home/user/kept.txt", fresh_connection=True)[1] == b"kept\n", "but keeps files"
 
 
 def test_snapshot_is_a_template(backend: CrunBackend) -> None:
@@ -228,7 +243,7 @@ def test_snapshot_is_a_template(backend: CrunBackend) -> None:
 
 
 def test_reconcile_after_a_crash(state_dir: Path) -> None:
-    first = CrunBackend(state_dir)
+    first = crun_backend(state_dir)
     started(first, "rc1")
     run(first.create(SandboxSpec("rc2", "base", limits=SMALL)))
     record = first._record("rc2")
@@ -237,7 +252,7 @@ def test_reconcile_after_a_crash(state_dir: Path) -> None:
     record.container = "e2b-rc2-gone"
     first._save(record)
     subprocess.run(["umount", str(state_dir / "sandboxes" / "rc2" / "bundle" / "rootfs")], check=True)
-    second = CrunBackend(state_dir)  # a new server process
+    second = crun_backend(state_dir)  # a new server process
     report = run(second.reconcile())
     assert "rc1" in report.adopted
     # Its files are never deleted: what the record names is made again, the dead container dropped.
@@ -268,18 +283,20 @@ def _reboot(backend: CrunBackend, ids: list[str]) -> None:
 
 
 def test_a_host_restart_keeps_sandboxes_and_their_files(state_dir: Path) -> None:
-    first = CrunBackend(state_dir)
+    first = crun_backend(state_dir)
     hosts = {name: started(first, name) for name in ("rb1", "rb2")}
     for name, host in hosts.items():
         assert shell(host, f"echo kept-by-{name} > /home/user/note.txt")[0] == 0
     run(first.pause("rb2", memory=True))
+    checkpointed = first._record("rb2").memory is not None  # with the checkpoint tools: on disk
     _reboot(first, list(hosts))
-    second = CrunBackend(state_dir)  # the server's next start
+    second = crun_backend(state_dir)  # the server's next start
     report = run(second.reconcile())
-    assert set(report.stopped) == {"rb1", "rb2"}, "their processes ended with the host"
+    ended = {"rb1"} if checkpointed else {"rb1", "rb2"}
+    assert set(report.stopped) == ended, "their processes ended with the host (not those on disk)"
     assert report.failed == ()
     for name in hosts:
-        assert run(second.inspect(name)).state is State.STOPPED
+        assert run(second.inspect(name)).state is (State.PAUSED if name not in ended else State.STOPPED)
         info = run(second.resume(name))  # boots afresh on the kept files, network and mounts made again
         assert info.host is not None
         assert shell(info.host, "cat /home/user/note.txt") == (0, f"kept-by-{name}\n".encode(), b"")
@@ -288,14 +305,14 @@ def test_a_host_restart_keeps_sandboxes_and_their_files(state_dir: Path) -> None
 
 
 def test_reconcile_thaws_a_sandbox_a_crashed_snapshot_left_frozen(state_dir: Path) -> None:
-    first = CrunBackend(state_dir)
+    first = crun_backend(state_dir)
     host = started(first, "sn1")
     container = first._record("sn1").container
     assert container is not None
     run(first._runtime.freeze(container))  # the server died while the copy ran
     partial = state_dir / "snapshots" / ".snap-00000000deadbeef.build"
     (partial / "upper").mkdir(parents=True)
-    report = run(CrunBackend(state_dir).reconcile())
+    report = run(crun_backend(state_dir).reconcile())
     assert "sn1" in report.adopted
     assert not partial.exists()
     assert first._runtime.status(container) == "running"
@@ -331,14 +348,17 @@ def _leftovers(state_dir: Path, ids: list[str]) -> list[str]:
         if any(_network.exists(net).values()):
             found.append(f"network of {sandbox_id}")
     crun_state = subprocess.run(
-        ["crun", "--root", str(state_dir / "crun"), "list", "-q"], capture_output=True, text=True, check=False
+        [_crun_executable(), "--root", str(state_dir / "crun"), "list", "-q"],
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout.split()
     found += [f"container {c}" for c in crun_state if any(f"e2b-{i}-" in c for i in ids)]
     return found
 
 
 def test_nothing_leaks(state_dir: Path) -> None:
-    backend = CrunBackend(state_dir)
+    backend = crun_backend(state_dir)
     ids = [f"lk{i}" for i in range(50)]
 
     async def churn() -> None:
@@ -373,7 +393,7 @@ def test_agents_share_their_startup_memory_and_what_they_start_keeps_aslr(state_
     and merged by ksmd, and what they start is randomised as usual (runtime.agent._memory)."""
     if not _ksm.available():
         pytest.skip("this kernel has no KSM (CONFIG_KSM)")
-    crun = CrunBackend(state_dir, share_agent_memory=True)
+    crun = crun_backend(state_dir, share_agent_memory=True)
     sharing_before = ksm_counters().get("pages_sharing", 0)
     try:
         hosts = [started(crun, f"ksm{i}") for i in range(2)]
@@ -531,3 +551,130 @@ def test_snapshots_share_unchanged_files(backend: CrunBackend, state_dir: Path) 
     run(backend.kill("sh2"))
     assert run(backend.delete_snapshot(second))
     assert run(backend.delete_snapshot(first))
+
+
+# -- memory written to disk (the checkpoint tools: runtime._checkpoint_tools) ---------------
+
+_HOLDER = "python3 -c 'import time\nheld = bytearray(64 << 20)\nwhile True: time.sleep(1)' {marker}"
+
+
+def _needs_checkpoints() -> None:
+    if _checkpoint_tools.find() is None:
+        pytest.skip("the checkpoint tools are not built on this host (e2b-compat host prepare builds them)")
+
+
+def test_ci_builds_the_checkpoint_tools() -> None:
+    """CI prepares the host with every backend's set-up, which builds them: the tests below never skip there."""
+    if os.environ.get("CI") != "true":
+        pytest.skip("outside CI the tools are built by `e2b-compat host prepare`, maybe not yet")
+    tools = _checkpoint_tools.find()
+    assert tools is not None
+    version = subprocess.run([str(tools.crun), "--version"], capture_output=True, text=True, check=True).stdout
+    assert "+CRIU" in version
+    assert subprocess.run([str(tools.criu), "check"], capture_output=True, check=False).returncode == 0
+
+
+def _holder(host: str, marker: str) -> str:
+    """A process holding 64 MiB in the sandbox, and a file in its tmpfs: the pid."""
+    code, out, _ = shell(
+        host, f"nohup {_HOLDER.format(marker=marker)} >/dev/null 2>&1 & echo $!; echo in-ram > /tmp/ram.txt"
+    )
+    assert code == 0
+    return out.decode().split()[0]
+
+
+def test_a_memory_pause_writes_the_sandbox_to_disk_and_frees_its_memory(backend: CrunBackend, state_dir: Path) -> None:
+    _needs_checkpoints()
+    host = started(backend, "ck1", limits=Limits(cpu_count=1, memory_mb=256, pids=128))
+    pid = _holder(host, "holder-ck1")
+    assert any("holder-ck1" in line for line in _command_lines())
+    assert run(backend.pause("ck1", memory=True)).state is State.PAUSED
+    record = backend._record("ck1")
+    assert record.memory is not None
+    assert record.container is None, "the checkpoint ended the container"
+    images = Path(record.memory)
+    assert sum(f.stat().st_size for f in images.iterdir()) > 64 << 20, "the held memory is on disk"
+    # Searchable by a task not yet mapped into its user namespace (CRIU's restore opens images
+    # from one); reached by nobody else, through the sandbox's own folder.
+    assert (images.stat().st_mode & 0o777, images.parent.stat().st_mode & 0o777) == (0o711, 0o700)
+    assert not any("holder-ck1" in line for line in _command_lines()), "no process of it runs"
+    assert not Path(f"/sys/fs/cgroup/memory/{CGROUP_PARENT}/ck1").exists(), "its memory is charged nowhere"
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://{host}:{ENVD_PORT}/health", timeout=1)
+    info = run(backend.resume("ck1"))
+    assert info.host == host, "the same address"
+    assert shell(info.host, f"kill -0 {pid} && cat /tmp/ram.txt", fresh_connection=True) == (0, b"in-ram\n", b"")
+    assert not images.exists(), "the images go once restored"
+    # Twice: a restored sandbox checkpoints again.
+    run(backend.pause("ck1", memory=True))
+    assert shell(run(backend.resume("ck1")).host or "", f"kill -0 {pid}", fresh_connection=True)[0] == 0
+    assert run(backend.kill("ck1"))
+    assert _leftovers(state_dir, ["ck1"]) == []
+
+
+def test_a_checkpointed_sandbox_survives_a_host_restart(state_dir: Path) -> None:
+    _needs_checkpoints()
+    first = crun_backend(state_dir)
+    pid = _holder(started(first, "ck2"), "holder-ck2")
+    run(first.pause("ck2", memory=True))
+    _reboot(first, ["ck2"])
+    second = crun_backend(state_dir)
+    report = run(second.reconcile())
+    assert "ck2" in report.adopted
+    assert "ck2" not in report.stopped
+    assert run(second.inspect("ck2")).state is State.PAUSED
+    host = run(second.resume("ck2")).host or ""
+    assert shell(host, f"kill -0 {pid} && cat /tmp/ram.txt", fresh_connection=True) == (0, b"in-ram\n", b"")
+    assert run(second.kill("ck2"))
+    assert _leftovers(state_dir, ["ck2"]) == []
+
+
+def test_a_checkpoint_that_fails_freezes_instead(backend: CrunBackend, tmp_path: Path) -> None:
+    _needs_checkpoints()
+    host = started(backend, "ck3")
+    pid = _holder(host, "holder-ck3")
+    bad = tmp_path / "criu.conf"
+    bad.write_text("no-such-option\n")  # CRIU refuses to start: the checkpoint fails
+    backend._checkpoint_config = bad
+    assert run(backend.pause("ck3", memory=True)).state is State.PAUSED
+    record = backend._record("ck3")
+    assert record.memory is None
+    assert record.container is not None
+    assert backend._runtime.status(record.container) == "paused", "frozen, as without the tools"
+    host = run(backend.resume("ck3")).host or ""
+    assert shell(host, f"kill -0 {pid} && cat /tmp/ram.txt", fresh_connection=True) == (0, b"in-ram\n", b"")
+
+
+def test_a_restore_that_fails_boots_the_sandbox_afresh_on_its_files(backend: CrunBackend) -> None:
+    _needs_checkpoints()
+    host = started(backend, "ck4")
+    _holder(host, "holder-ck4")
+    assert shell(host, "echo on-disk > /home/user/kept.txt")[0] == 0
+    run(backend.pause("ck4", memory=True))
+    memory = backend._record("ck4").memory
+    assert memory is not None
+    for core in Path(memory).glob("core-*.img"):
+        core.write_bytes(b"")  # damaged images
+    host = run(backend.resume("ck4")).host or ""
+    assert shell(host, "cat /home/user/kept.txt", fresh_connection=True) == (0, b"on-disk\n", b"")
+    # By its marker: pids restart from 1 in a fresh boot, so the old number may be another process.
+    lost = shell(host, "ps -eo args= | grep -c '[h]older-ck4'", fresh_connection=True)[1]
+    assert lost == b"0\n", "its processes were lost"
+    assert (backend._home("ck4") / "logs" / "restore.log").is_file(), "CRIU's account is kept for the operator"
+    assert backend._record("ck4").memory is None
+
+
+def test_without_the_tools_a_memory_pause_is_the_freezer(state_dir: Path) -> None:
+    legacy = CrunBackend(state_dir)  # what a host that could not build them runs
+    assert Feature.PAUSE_MEMORY_ON_DISK not in legacy.features
+    host = started(legacy, "ck5")
+    pid = _holder(host, "holder-ck5")
+    run(legacy.pause("ck5", memory=True))
+    record = legacy._record("ck5")
+    assert record.memory is None
+    assert record.container is not None
+    assert legacy._runtime.status(record.container) == "paused"
+    host = run(legacy.resume("ck5")).host or ""
+    assert shell(host, f"kill -0 {pid} && cat /tmp/ram.txt") == (0, b"in-ram\n", b"")
+    assert run(legacy.kill("ck5"))
+    assert _leftovers(state_dir, ["ck5"]) == []

@@ -372,6 +372,15 @@ class FakeRunsc:
     def delete(self, container: str) -> None:
         self.deleted.append(container)
 
+    def pid(self, container: str) -> int:
+        raise AssertionError("no process here")
+
+    async def checkpoint(self, container: str, images: Path, *, config: Path) -> None:
+        raise AssertionError("nothing is checkpointed here")
+
+    async def restore(self, bundle: Path, container: str, log: Path, images: Path, *, config: Path) -> None:
+        raise AssertionError("nothing is restored here")
+
 
 def offline_backend(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str | None

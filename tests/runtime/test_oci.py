@@ -67,6 +67,26 @@ def test_open_files_sysfs_and_masks() -> None:
     assert "sysctl" not in config["linux"], "crun refuses user.* sysctls as not namespaced"
 
 
+def test_a_namespace_the_runtime_makes_and_the_device_binds_a_checkpoint_needs() -> None:
+    joined = _oci.config(plan())
+    assert {"type": "network", "path": "/run/netns/x"} in joined["linux"]["namespaces"]
+    assert not [m for m in joined["mounts"] if m["destination"] == "/dev/null"], "the runtime's own binds"
+    made = _oci.config(plan(netns_path=None, sysfs=None, device_binds=True))
+    namespaces = made["linux"]["namespaces"]
+    assert {"type": "network"} in namespaces, "no path: the runtime makes it"
+    assert {"type": "user"} in namespaces, "inside the sandbox's user namespace"
+    binds = {
+        m["destination"]: m for m in made["mounts"] if m["type"] == "bind" and m["destination"].startswith("/dev/")
+    }
+    assert sorted(binds) == sorted(f"/dev/{node}" for node in _oci.DEVICE_NODES)
+    assert all(m["source"] == m["destination"] and "nosuid" in m["options"] for m in binds.values())
+    (sysfs,) = [m for m in made["mounts"] if m["destination"] == "/sys"]
+    assert sysfs["type"] == "sysfs", "its own sysfs: the namespace is the sandbox's"
+    # Device binds come after /dev's tmpfs, or the tmpfs would hide them.
+    order = [m["destination"] for m in made["mounts"]]
+    assert order.index("/dev") < min(order.index(d) for d in binds)
+
+
 def _run_hook(state: str) -> subprocess.CompletedProcess[str]:
     (hook,) = _oci.config(plan())["hooks"]["createRuntime"]
     return subprocess.run([hook["path"], *hook["args"][1:]], input=state, capture_output=True, text=True, check=False)

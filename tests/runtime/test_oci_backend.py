@@ -75,6 +75,18 @@ class MemoryRuntime:
     def status(self, container: str) -> str | None:
         return self.containers.get(container)
 
+    def pid(self, container: str) -> int:
+        assert container in self.containers
+        return os.getpid()
+
+    async def checkpoint(self, container: str, images: Path, *, config: Path) -> None:
+        self._step("checkpoint")
+        (images / "core-1.img").write_text(self.containers.pop(container))
+
+    async def restore(self, bundle: Path, container: str, log: Path, images: Path, *, config: Path) -> None:
+        self._step("restore")
+        self.containers[container] = "running"
+
 
 class MemoryOciBackend(OciBackend):
     """What a backend module for another OCI runtime amounts to: a name and its runtime."""
@@ -280,6 +292,7 @@ def test_a_network_rule_failure_surfaces_as_backend_error(
         raise OSError(19, "No such device")
 
     monkeypatch.setattr(_network, "set_policy", broken)
+    monkeypatch.setattr(_network, "exists", lambda net: {"netns": True, "host_if": True})  # plugged
     with pytest.raises(BackendError, match=r"^changing the network rules of sandbox pol1: .*No such device"):
         run(backend.update_network("pol1", allow_internet_access=True, allow_out=(), deny_out=()))
 
