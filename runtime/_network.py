@@ -93,6 +93,7 @@ __all__ = [
     "NetworkError",
     "PoolExhaustedError",
     "SandboxNetwork",
+    "attached_to",
     "create",
     "destroy",
     "enable_host_forwarding",
@@ -401,6 +402,15 @@ def exists(net: SandboxNetwork) -> dict[str, bool]:
     except OSError:
         host_if = False
     return {"netns": os.path.lexists(net.netns_path), "host_if": host_if}
+
+
+def attached_to(net: SandboxNetwork, pid: int) -> bool:
+    """Whether the network's name and veth exist and the name is process ``pid``'s namespace."""
+    try:
+        same = os.stat(net.netns_path).st_ino == os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return False
+    return same and all(exists(net).values())
 
 
 def list_owned(prefix: str = NETNS_PREFIX) -> list[str]:

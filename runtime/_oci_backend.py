@@ -1025,6 +1025,11 @@ class OciBackend:
         mounted = _hostfs.is_mount(rootfs)
         if state in (State.RUNNING, State.PAUSED) and alive and mounted:
             _hostfs.ensure_nosuid(rootfs)  # mounted by a version before the host's view was nosuid
+            assert record.container is not None
+            if self._runtime_netns and not self._plugged(record, record.container):
+                # A crash between a checkpoint's removal of the veth and the checkpoint, or in a
+                # boot's plugging: the processes run on, unreachable until plugged again.
+                self._plug(record, record.container)
             return False
         if state is State.PAUSED and record.memory is not None and os.path.isdir(record.memory):
             # Checkpointed: no container by design. Mounts a host restart took come back now
@@ -1038,6 +1043,9 @@ class OciBackend:
         if record.container is not None:  # dead, or alive on a root that is gone: its processes end here
             self._runtime.delete(record.container)
             record.container = None
+        # Images of a checkpoint cut short, or whose record was never saved: no resume reads them.
+        shutil.rmtree(self._home(record.sandbox_id) / _MEMORY, ignore_errors=True)
+        record.memory = None
         if lost:  # E2B's nearest is paused: the files are kept, resume boots afresh
             record.state = State.STOPPED.value
         self._save(record)
@@ -1090,6 +1098,15 @@ class OciBackend:
         self._save(record)  # recorded before it exists
         if not self._runtime_netns:  # otherwise the next boot or restore plugs it in
             _network.create(net, egress=bool(record.spec["egress"]), policy=_policy(record.spec))
+
+    def _plugged(self, record: Record, container: str) -> bool:
+        """Whether the sandbox's name and veth are there and the name is the container's namespace."""
+        assert record.network is not None
+        try:
+            pid = self._runtime.pid(container)
+        except BackendError:
+            return False
+        return _network.attached_to(_network.SandboxNetwork.from_record(record.network), pid)
 
     def _plug(self, record: Record, container: str) -> None:
         """The runtime's new network namespace gets the sandbox's name, veth pair and rules.

@@ -525,13 +525,11 @@ class DockerBackend:
         """Whether our name and veth are on the container's current network namespace."""
         if record.network is None:
             return False
-        net = _network.SandboxNetwork.from_record(record.network)
         try:
             pid = int(container.attrs["State"]["Pid"])
-            same = os.stat(net.netns_path).st_ino == os.stat(f"/proc/{pid}/ns/net").st_ino
-        except (OSError, KeyError, ValueError):
+        except (KeyError, ValueError):
             return False
-        return same and all(_network.exists(net).values())
+        return _network.attached_to(_network.SandboxNetwork.from_record(record.network), pid)
 
     async def pause(self, sandbox_id: str, *, memory: bool) -> SandboxInfo:
         with _reported(f"pausing sandbox {sandbox_id}"), _engine_errors():

@@ -678,3 +678,27 @@ def test_without_the_tools_a_memory_pause_is_the_freezer(state_dir: Path) -> Non
     assert shell(host, f"kill -0 {pid} && cat /tmp/ram.txt") == (0, b"in-ram\n", b"")
     assert run(legacy.kill("ck5"))
     assert _leftovers(state_dir, ["ck5"]) == []
+
+
+def test_reconcile_plugs_back_a_sandbox_a_crash_left_unplugged_and_drops_stray_images(state_dir: Path) -> None:
+    _needs_checkpoints()
+    first = crun_backend(state_dir)
+    host = started(first, "ck6")
+    record = first._record("ck6")
+    assert record.network is not None
+    # A crash between a checkpoint's removal of the veth and the checkpoint itself.
+    _network.destroy(_network.SandboxNetwork.from_record(record.network))
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://{host}:{ENVD_PORT}/health", timeout=1)
+    second = crun_backend(state_dir)
+    assert "ck6" in run(second.reconcile()).adopted
+    assert shell(host, "echo back", fresh_connection=True) == (0, b"back\n", b"")
+    # A checkpoint whose record was never saved: its processes gone, its images left behind.
+    stray = second._home("ck6") / "memory"
+    stray.mkdir()
+    (stray / "core-1.img").write_bytes(b"cut short")
+    second._runtime.delete(second._record("ck6").container or "")
+    assert "ck6" in run(crun_backend(state_dir).reconcile()).stopped
+    assert not stray.exists()
+    assert run(second.kill("ck6"))
+    assert _leftovers(state_dir, ["ck6"]) == []

@@ -622,3 +622,27 @@ def test_forwarding_rules_pass_nft_check_without_changing_anything(firewall: Non
     assert check.returncode == 0, check.stderr
     after = subprocess.run(["nft", "list", "ruleset"], capture_output=True, text=True, check=True).stdout
     assert before == after
+
+
+@needs_root
+def test_attached_to_names_the_namespace_of_that_process_only(firewall: None) -> None:
+    net = network.plan(f"{RUN}-at", Subnets().take())
+    # A process in a network namespace of its own, as a runtime's container init is.
+    holder = subprocess.Popen(["unshare", "--net", "sleep", "60"])
+    try:
+        deadline = time.monotonic() + 5
+        while os.readlink(f"/proc/{holder.pid}/ns/net") == os.readlink("/proc/self/ns/net"):
+            assert time.monotonic() < deadline, "unshare did not enter a namespace"
+            time.sleep(0.01)
+        assert not network.attached_to(net, holder.pid), "nothing is named yet"
+        network.create(net, egress=False, attach_pid=holder.pid)
+        try:
+            assert network.attached_to(net, holder.pid)
+            assert not network.attached_to(net, os.getpid()), "the name is another namespace's"
+            subprocess.run(["ip", "link", "del", net.host_if], check=True)
+            assert not network.attached_to(net, holder.pid), "the veth went"
+        finally:
+            network.destroy(net)
+    finally:
+        holder.kill()
+        holder.wait()
