@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runtime import _checkpoint_tools, host
+from runtime import host
 from runtime.backend import Limits, SandboxSpec
-from runtime.crun import CrunBackend
+from runtime.crun import CrunBackend, host_checkpoint_tools
 from runtime.templates import ensure_template
 
 from ._stats import quantiles_ms
@@ -112,7 +112,7 @@ def run(iterations: int, idle: int) -> dict[str, Any]:
     state = Path(tempfile.mkdtemp(prefix="crun-bench-", dir="/var/tmp"))
     state.chmod(0o755)  # sandbox root is an unprivileged host uid that must reach its bundle
     try:
-        backend = CrunBackend(state, checkpoint_tools=_checkpoint_tools.find())  # as a server opens it
+        backend = CrunBackend(state, checkpoint_tools=host_checkpoint_tools())  # as a server opens it
         floor = _floor(template.rootfs, iterations)
         cold_up, cold_down = asyncio.run(_lifecycle(backend, "cold", max(3, iterations // 5), cold=True))
         warm_up, warm_down = asyncio.run(_lifecycle(backend, "warm", iterations, cold=False))

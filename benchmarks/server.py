@@ -29,9 +29,8 @@ from typing import Any
 
 from conformance import ensure_python_clients
 from reference_server import READY_LINE
-from runtime import _checkpoint_tools
 from runtime.backend import SandboxSpec
-from runtime.crun import CrunBackend
+from runtime.crun import CrunBackend, host_checkpoint_tools
 
 from ._stats import quantiles_ms
 
@@ -138,7 +137,7 @@ def run(sandboxes: int, pace_s: float) -> dict[str, Any]:
         data_dir.chmod(0o755)  # idmapped sandbox users traverse it
         warm = _client_run(data_dir / "pool", sandboxes, pace_s, {})
         cold = _client_run(data_dir / "cold", sandboxes, 0.0, NO_POOL)
-        backend = CrunBackend(data_dir / "cold" / "runtime", checkpoint_tools=_checkpoint_tools.find())  # as served
+        backend = CrunBackend(data_dir / "cold" / "runtime", checkpoint_tools=host_checkpoint_tools())  # as served
         floor = asyncio.run(_floor(backend, sandboxes))
     report = {name: quantiles_ms(samples) for name, samples in warm.items()}
     report.update({name + COLD: quantiles_ms(samples) for name, samples in cold.items()})

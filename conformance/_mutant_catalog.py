@@ -518,9 +518,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "runtime/pause/memory-not-kept",
         "runtime/_oci_backend.py",
-        "                if memory:\n                    await self._runtime.freeze(record.container)",
-        "                if False:\n                    await self._runtime.freeze(record.container)",
-        "a memory pause stops the container instead of freezing it (processes and memory are lost)",
+        "                if memory and self._checkpoint_config is not None:\n"
+        "                    await self._checkpoint(record, self._checkpoint_config)\n"
+        "                elif memory:\n",
+        "                if False:\n"
+        "                    await self._checkpoint(record, self._checkpoint_config)\n"
+        "                elif False:\n",
+        "a memory pause stops the container instead of checkpointing or freezing it (processes and memory are lost)",
         (PAUSE_MEMORY,),
     ),
     Mutant(

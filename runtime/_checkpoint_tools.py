@@ -117,16 +117,9 @@ class CheckpointTools:
     def criu(self) -> Path:
         return self.root / "sbin" / "criu"
 
-    def env(self, config_file: Path | None = None) -> dict[str, str]:
-        """The environment of a ``crun`` call: libcriu starts ``criu`` from ``PATH``.
-
-        ``config_file`` is CRIU's own option file (``CRIU_CONFIG_FILE``), for the options crun's
-        command line has no flag for.
-        """
-        env = {**os.environ, "PATH": f"{self.root / 'sbin'}:{os.environ.get('PATH', '/usr/sbin:/usr/bin')}"}
-        if config_file is not None:
-            env["CRIU_CONFIG_FILE"] = str(config_file)
-        return env
+    def env(self) -> dict[str, str]:
+        """The environment of a ``crun`` call: libcriu starts ``criu`` from ``PATH`` (this one first)."""
+        return {**os.environ, "PATH": f"{self.root / 'sbin'}:{os.environ.get('PATH', '/usr/sbin:/usr/bin')}"}
 
 
 def _digest() -> str:

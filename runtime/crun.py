@@ -34,7 +34,16 @@ if TYPE_CHECKING:
     from .backends import BackendOptions
     from .templates import Template
 
-__all__ = ["CGROUP_PARENT", "CRIU_OPTIONS", "FEATURES", "CrunBackend", "CrunCommand", "open_backend", "prepare_host"]  # noqa: F822 - FEATURES is the module's __getattr__
+__all__ = [
+    "CGROUP_PARENT",
+    "CRIU_OPTIONS",
+    "FEATURES",  # noqa: F822 - the module's __getattr__ gives it
+    "CrunBackend",
+    "CrunCommand",
+    "host_checkpoint_tools",
+    "open_backend",
+    "prepare_host",
+]
 
 _DELETE_TIMEOUT_S = 10.0
 
@@ -251,6 +260,11 @@ def __getattr__(name: str) -> frozenset[Feature]:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def host_checkpoint_tools() -> CheckpointTools | None:
+    """The checkpoint tools this host built (``prepare_host``), or None: what ``open_backend`` passes."""
+    return _checkpoint_tools.find()
+
+
 def open_backend(options: BackendOptions) -> CrunBackend:
     """The ``crun`` entry of ``runtime.backends``: with the checkpoint tools when this host built them."""
     return CrunBackend(
@@ -258,7 +272,7 @@ def open_backend(options: BackendOptions) -> CrunBackend:
         templates_root=options.templates_root,
         templates=options.templates,
         share_agent_memory=options.share_agent_memory,
-        checkpoint_tools=_checkpoint_tools.find(),
+        checkpoint_tools=host_checkpoint_tools(),
     )
 
 

@@ -289,7 +289,10 @@ def containers(backend: str, data_dir: Path) -> list[Container]:
     keeping = bookkeeping(backend)
     if keeping.runtime:
         root = data_dir / "runtime" / keeping.runtime
-        names = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+        # A dot folder is the runtime's own (crun 1.21 keeps a .cache there), never a container.
+        names = (
+            sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []
+        )
         return [Container(name, "", True) for name in names]
     owner = str(data_dir / "runtime")
     with contextlib.closing(_engine_client()) as client:

@@ -33,12 +33,17 @@ def test_another_pin_is_another_folder(tmp_path: Path, monkeypatch: pytest.Monke
     assert _checkpoint_tools.tools_dir(tmp_path) != before
 
 
-def test_the_environment_reaches_this_criu_and_its_options(tmp_path: Path) -> None:
-    tools = CheckpointTools(tmp_path)
-    env = tools.env(tmp_path / "criu.conf")
+def test_the_environment_reaches_this_criu_first(tmp_path: Path) -> None:
+    env = CheckpointTools(tmp_path).env()
     assert env["PATH"].split(":")[0] == str(tmp_path / "sbin")
-    assert env["CRIU_CONFIG_FILE"] == str(tmp_path / "criu.conf")
-    assert tools.env().get("CRIU_CONFIG_FILE") == os.environ.get("CRIU_CONFIG_FILE"), "no options: as it was"
+    assert env["PATH"].split(":")[1:] == os.environ.get("PATH", "/usr/sbin:/usr/bin").split(":")
+
+
+def test_crun_hands_criu_its_options_only_for_a_checkpoint_or_restore(tmp_path: Path) -> None:
+    command = crun.CrunCommand("crun", tmp_path, env={"PATH": "/x"})
+    assert command._env() == {"PATH": "/x"}
+    assert command._env(tmp_path / "criu.conf") == {"PATH": "/x", "CRIU_CONFIG_FILE": str(tmp_path / "criu.conf")}
+    assert crun.CrunCommand("crun", tmp_path)._env() is None, "without tools: the server's own environment"
 
 
 def _tarball(folder: Path, top: str) -> Path:
