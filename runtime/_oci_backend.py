@@ -561,9 +561,6 @@ class OciBackend:
         log = home / "logs" / "sandbox.log"
         assert record.network is not None
         net = _network.SandboxNetwork.from_record(record.network)
-        # Written again: a sandbox made by a server whose runtime made its network namespace the
-        # other way (checkpoint tools built or gone since) boots with this server's way.
-        await asyncio.to_thread(self._write_bundle, record, net)
         with _health.ready_signal(self._runtime.passes_ready_fd) as ready:
             try:
                 await self._runtime.create(
@@ -1163,6 +1160,8 @@ class OciBackend:
         _hostfs.mount_overlay(lowers, layer / "upper", layer / "work", rootfs)
 
     def _restore_bundle(self, record: Record) -> None:
+        # Written afresh before every boot but the first: a sandbox made while the runtime made its
+        # network namespace the other way (checkpoint tools built or gone since) boots this way.
         assert record.network is not None
         self._write_bundle(record, _network.SandboxNetwork.from_record(record.network))
 
