@@ -483,10 +483,10 @@ CASES: tuple[Case, ...] = (
     ),
     _sandbox("sandbox/sudo", ALL, ("envd.process.Start",), sandbox_checks.sandbox_sudo),
     _sandbox(
-        "sandbox/fork-refused",
+        "sandbox/fork",
         ALL,
-        ("control.sandboxes.list",),
-        sandbox_checks.sandbox_fork_refused,
+        ("control.sandboxes.list", "control.sandboxes.get", "envd.process.Start"),
+        sandbox_checks.sandbox_fork,
         since="2.35.0",  # Python from 2.34, npm from 2.35
     ),
     _sandbox(

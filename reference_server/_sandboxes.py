@@ -24,6 +24,7 @@ import string
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from hashlib import sha512
 from typing import Any, Protocol, cast
 
 from contract.protocol import ENVD_PORT, SHOULD_RETRY_HEADER
@@ -336,19 +337,33 @@ class SandboxService:
 
     # -- create ------------------------------------------------------------------------
 
-    async def create(self, owner: str, request: CreateRequest) -> Opened:
+    async def create(
+        self, owner: str, request: CreateRequest, *, resolved: Resolved | None = None, at_least: Limits | None = None
+    ) -> Opened:
+        """A new sandbox; a fork (``_forks``) gives ``resolved`` (its snapshot) and ``at_least`` (its source's size)."""
         self.check_timeout(request.timeout_s)
         if request.network.allow_out or request.network.deny_out:
             self.require(Feature.EGRESS_RULES, "network allow and deny lists")
         if request.auto_pause and request.auto_pause_memory:
             self.require(Feature.PAUSE_MEMORY, "pausing with memory when the timeout ends")
-        resolved = await resolve_template(
-            self.settings.templates, self.built, self.snapshots, owner, request.template_id
-        )
+        if resolved is None:
+            resolved = await resolve_template(
+                self.settings.templates, self.built, self.snapshots, owner, request.template_id
+            )
         built = resolved.built
         starts = built is not None and resolved.runtime_template == built.layer  # not a snapshot of one
         mounts = await self._volume_mounts(owner, request.volume_mounts)
         shape = self._shape(resolved, request.allow_internet_access, request.network, mounts)
+        if at_least is not None:  # restored processes need what they had
+            limits = shape.limits
+            shape = replace(
+                shape,
+                limits=replace(
+                    limits,
+                    cpu_count=max(limits.cpu_count, at_least.cpu_count),
+                    memory_mb=max(limits.memory_mb, at_least.memory_mb),
+                ),
+            )
         warm = self.pool.claim(shape)  # a sandbox of this shape the pool started: its id is this one's
         sandbox_id = warm.sandbox_id if warm is not None else new_sandbox_id()
         async with contextlib.AsyncExitStack() as held:
@@ -526,7 +541,11 @@ class SandboxService:
             except SandboxRuntimeError as exc:  # its agent is gone: start one afresh under the same id
                 log.warning("warm sandbox %s did not take /init, starting it afresh: %s", record.sandbox_id, exc)
                 await self.backend.kill(record.sandbox_id)
-        await self.backend.create(shape.spec(record.sandbox_id))
+        # The token's hash is published to the agent (runtime.agent._metadata): an agent restored
+        # from a snapshot's memory holds another sandbox's token, and only that hash lets /init
+        # replace it. The hash of "" for a sandbox without a token: /init may only clear it.
+        token = self.tokens(record).envd_token or ""
+        await self.backend.create(shape.spec(record.sandbox_id, access_token_hash=sha512(token.encode()).hexdigest()))
         info = await self.backend.start(record.sandbox_id)
         return await self._started(record, info.host, timeout_s, "sandbox started")
 
@@ -786,14 +805,35 @@ class SandboxService:
 
     # -- snapshots ---------------------------------------------------------------------
 
-    async def snapshot(self, owner: str, sandbox_id: str, name: str | None) -> SnapshotRecord:
+    async def snapshot(
+        self, owner: str, sandbox_id: str, name: str | None, *, memory: bool | None = None
+    ) -> SnapshotRecord:
+        """A snapshot of the sandbox's files, and of its processes and memory when ``memory`` says so.
+
+        ``memory`` None (the pinned clients, and newer ones without ``mode``): the memory is kept
+        where the backend can (``Feature.SNAPSHOT_MEMORY``) and the sandbox runs with no volume
+        (a sandbox made from the snapshot has none, and a restore needs every mount back),
+        else the files alone, as before. True asks for it: refused where it cannot be kept.
+        """
         async with self.lock(sandbox_id):
             record = await self.owned(owner, sandbox_id)
             if record.state not in (S.RUNNING, S.PAUSED):
                 raise ApiError(409, text.LIFECYCLE_CONFLICT)
             self.require(Feature.SNAPSHOT, "snapshots")
+            if memory:
+                self.require(Feature.SNAPSHOT_MEMORY, "snapshots that keep the memory")
+                if record.state != S.RUNNING:
+                    raise ApiError(409, text.SANDBOX_NOT_RUNNING)
+                if record.details.volume_mounts:
+                    raise ApiError(409, text.MEMORY_SNAPSHOT_WITH_VOLUMES)
+            elif memory is None:
+                memory = (
+                    Feature.SNAPSHOT_MEMORY in self.backend.features
+                    and record.state == S.RUNNING
+                    and not record.details.volume_mounts
+                )
             try:
-                snapshot_id = await self.backend.snapshot(sandbox_id)
+                snapshot_id = await self.backend.snapshot(sandbox_id, memory=memory)
             except SandboxRuntimeError as exc:
                 log.error("snapshot of %s failed: %s", sandbox_id, exc)
                 raise runtime_refusal("snapshot", exc) from None
@@ -809,6 +849,20 @@ class SandboxService:
             details = append_event(record.details, self.now(), "info", "snapshot taken", snapshot=snapshot_id)
             await self._swap(record, details=details)
             return snapshot
+
+    async def snapshot_to_fork(self, owner: str, sandbox_id: str, count: int) -> tuple[SandboxRecord, str]:
+        """The source of a fork (``_forks``), running, and a snapshot of it with its memory."""
+        async with self.lock(sandbox_id):
+            record = await self.owned(owner, sandbox_id)
+            if record.state != S.RUNNING:
+                raise ApiError(409, text.SANDBOX_NOT_RUNNING)
+            try:
+                snapshot_id = await self.backend.snapshot(sandbox_id, memory=True)
+            except SandboxRuntimeError as exc:
+                log.error("the fork snapshot of %s failed: %s", sandbox_id, exc)
+                raise runtime_refusal("snapshot", exc) from None
+            details = append_event(record.details, self.now(), "info", "forked", count=str(count))
+            return await self._swap(record, details=details), snapshot_id
 
     async def list_snapshots(
         self, owner: str, *, sandbox_id: str | None, limit: int, after: str | None, name: str | None = None

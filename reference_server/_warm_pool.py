@@ -69,9 +69,10 @@ class Shape:
     deny_out: tuple[str, ...] = ()
     volumes: tuple[VolumeMount, ...] = ()  # never pooled: no configured shape has any
 
-    def spec(self, sandbox_id: str) -> SandboxSpec:
+    def spec(self, sandbox_id: str, *, access_token_hash: str | None = None) -> SandboxSpec:
         return SandboxSpec(
             sandbox_id=sandbox_id,
+            access_token_hash=access_token_hash,
             template=self.template,
             limits=self.limits,
             hostname=sandbox_id,

@@ -184,6 +184,9 @@ class ContainerPlan:
     # The host's device nodes the runtime binds into /dev in a user namespace, listed as mounts:
     # a checkpoint refuses mounts it was not told of (CRIU's "mounts without a root").
     device_binds: bool = False
+    # A folder bound read-only at /run/e2b: the sandbox's identity as envd publishes it there
+    # (.E2B_SANDBOX, .E2B_SANDBOX_ID, .E2B_TEMPLATE_ID), read by the agent at each /init.
+    metadata_dir: str | None = None
 
 
 def _mount(destination: str, kind: str, source: str, options: list[str]) -> dict[str, Any]:
@@ -232,6 +235,11 @@ def config(plan: ContainerPlan) -> dict[str, Any]:
             _mount("/sys/fs/cgroup", "cgroup", "cgroup", ["nosuid", "noexec", "nodev", "relatime", "ro"]),
             _mount("/etc/hosts", "bind", plan.hosts_file, ["rbind", "ro"]),
             _mount("/etc/resolv.conf", "bind", plan.resolv_file, ["rbind", "ro"]),
+            *(
+                [_mount("/run/e2b", "bind", plan.metadata_dir, ["rbind", "ro", "nosuid", "nodev", "noexec"])]
+                if plan.metadata_dir
+                else []
+            ),
             _mount("/tmp", "tmpfs", "tmpfs", ["nosuid", "nodev", "mode=1777"]),  # noqa: S108 - the sandbox's own /tmp
             # Volumes last, the shallowest first: one under /tmp or under another volume stays seen.
             *(

@@ -54,9 +54,9 @@ import httpx
 
 from contract.protocol import ENVD_PORT
 
-from . import _addresses, _disk, _health, _hostfs, _idmap, _idranges, _network, _oci, _sharing
+from . import _addresses, _criu_images, _disk, _health, _hostfs, _idmap, _idranges, _network, _oci, _sharing
 from ._threads import to_thread_to_the_end
-from .agent import READY_FD_ENV, SHARE_MEMORY_ENV
+from .agent import ACCESS_TOKEN_HASH_FILE, READY_FD_ENV, SHARE_MEMORY_ENV
 from .backend import (
     DEFAULT_FEATURES,
     Action,
@@ -81,6 +81,8 @@ _CGROUP_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "cpuset", "devices", 
 _RUNTIME_CHILD_CGROUPS = (".proxy-crun",)  # crun 1.21's, left by a restore that failed
 _MEMORY = "memory"  # a checkpointed sandbox's processes and memory, in its folder
 _LAST_SNAPSHOT = "last-snapshot"  # in a sandbox's folder: its newest snapshot's id, to share files with
+_RELEASED = "released"  # in a snapshot's folder: nobody creates from it again; it goes once nothing stands on it
+_METADATA = "e2b"  # in a bundle: the folder seen read-only at /run/e2b (the sandbox's identity)
 _KILL_ATTEMPTS = 4  # a failing release is tried this often, pausing 0.25, 0.5, 1 s between
 _KILL_BACKOFF_S = 0.25
 QUARANTINE = "quarantine"  # <state>/quarantine/<id>/: what reconcile could not re-create, files kept
@@ -131,7 +133,7 @@ class ContainerRuntime(Protocol):
 
     def pid(self, container: str) -> int: ...
 
-    async def checkpoint(self, container: str, images: Path, *, config: Path) -> None: ...
+    async def checkpoint(self, container: str, images: Path, *, config: Path, leave_running: bool = False) -> None: ...
 
     async def restore(self, bundle: Path, container: str, log: Path, images: Path, *, config: Path) -> None: ...
 
@@ -325,6 +327,7 @@ class OciBackend:
                         "allow_out": list(spec.allow_out),
                         "deny_out": list(spec.deny_out),
                         "volumes": [{"source": v.source, "target": v.target} for v in spec.volumes],
+                        "access_token_hash": spec.access_token_hash,
                     },
                 )
                 self._save(record)
@@ -507,6 +510,7 @@ class OciBackend:
         mapping = self._sandbox_mapping(record)
         sysfs = self._mount_sysfs(record, net)
         (bundle / "hosts").write_text(_oci.hosts_file(hostname))
+        metadata = self._write_metadata(record)
         (bundle / "resolv.conf").write_text(_oci.resolv_file([]))
         plan = _oci.ContainerPlan(
             rootfs=str(bundle / "rootfs"),
@@ -523,8 +527,34 @@ class OciBackend:
             id_mapping=mapping.oci() if mapping is not None else None,
             volumes=tuple((target, view) for _source, target, view in self._volume_views(record)),
             open_files=min(_oci.NOFILE_LIMIT, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),
+            metadata_dir=str(metadata),
         )
         (bundle / "config.json").write_text(json.dumps(_oci.config(self._container_plan(plan)), indent=1))
+
+    def _write_metadata(self, record: Record) -> Path:
+        """The files envd keeps in /run/e2b, and the token's hash its metadata service publishes.
+
+        The agent reads them at each /init: an agent restored from another sandbox's memory learns
+        its new identity there, and a new token is accepted when its hash matches this one.
+        """
+        folder = self._home(record.sandbox_id) / "bundle" / _METADATA
+        folder.mkdir(mode=0o755, exist_ok=True)
+        files = {
+            ".E2B_SANDBOX": "true",
+            ".E2B_SANDBOX_ID": record.sandbox_id,
+            ".E2B_TEMPLATE_ID": record.template,
+            ACCESS_TOKEN_HASH_FILE: record.spec.get("access_token_hash"),
+        }
+        for name, value in files.items():
+            path = folder / name
+            if value is None:
+                path.unlink(missing_ok=True)
+                continue
+            tmp = folder / f".{name}.tmp"
+            tmp.write_text(value)
+            tmp.chmod(0o444)
+            os.replace(tmp, path)
+        return folder
 
     def _agent_env(self, record: Record) -> dict[str, str]:
         env = {"E2B_SANDBOX": "true", "E2B_SANDBOX_ID": record.sandbox_id, "E2B_TEMPLATE_ID": record.template}
@@ -548,7 +578,11 @@ class OciBackend:
             async with self._lock(sandbox_id):
                 record = self._record(sandbox_id)
                 next_state(State(record.state), Action.START)
-                await self._boot(record)
+                images = self._snapshot_memory(record.template)
+                if images is not None:
+                    await self._continue_snapshot(record, images)
+                else:
+                    await self._boot(record)
                 record.state = State.RUNNING.value
                 self._save(record)
             return self._info(record)
@@ -671,6 +705,59 @@ class OciBackend:
         record.memory = None
         self._save(record)
 
+    def _snapshot_memory(self, template: str) -> Path | None:
+        """The processes and memory a snapshot kept (``snapshot(memory=True)``), when ``template`` is one."""
+        if not template.startswith("snap-") or "/" in template:
+            return None
+        images = self._dir / "snapshots" / template / _MEMORY
+        return images if images.is_dir() else None
+
+    async def _continue_snapshot(self, record: Record, snapshot: Path) -> None:
+        """A new sandbox's first start: the snapshot's processes go on in it, under its own identity.
+
+        The images are copied into the sandbox's folder and made its own (``_criu_images``: its
+        id range, its hostname); its mounts, address and /run/e2b come from its own bundle. No
+        fallback to a fresh boot: a sandbox that was asked to continue processes and runs none
+        would be the silent difference the clients are promised never to get.
+        """
+        if self._checkpoint_config is None:
+            raise BackendError(f"{record.template} holds memory; this server cannot restore it")
+        assert record.network is not None
+        home = self._home(record.sandbox_id)
+        images = home / _MEMORY
+        await asyncio.to_thread(shutil.rmtree, images, True)
+        await asyncio.to_thread(shutil.copytree, snapshot, images)
+        mapping = self._sandbox_mapping(record)
+        try:
+            await asyncio.to_thread(
+                _criu_images.retarget,
+                images,
+                host_first=mapping.base if mapping is not None else None,
+                hostname=record.spec["hostname"],
+            )
+        except (_criu_images.ImageError, OSError) as exc:
+            raise BackendError(f"the memory of {record.template} cannot be restored here: {exc}") from None
+        os.chmod(images, 0o711)  # noqa: S103 - as for a pause's images (``_checkpoint``)
+        container = f"e2b-{record.sandbox_id}-{secrets.token_hex(3)}"
+        record.container = container
+        record.memory = str(images)
+        self._save(record)
+        log = home / "logs" / "sandbox.log"
+        net = _network.SandboxNetwork.from_record(record.network)
+        try:
+            await self._runtime.restore(home / "bundle", container, log, images, config=self._checkpoint_config)
+            await asyncio.to_thread(self._plug, record, container)
+            await _health.wait_healthy(f"http://{net.sandbox_ip}:{ENVD_PORT}/health", log, None)
+        except BackendError as exc:
+            kept = home / "logs" / "restore.log"
+            with contextlib.suppress(OSError):
+                os.replace(images / "restore.log", kept)
+            raise BackendError(f"{exc}{_criu_errors(kept)}") from None
+        finally:
+            await asyncio.to_thread(shutil.rmtree, images, True)
+            record.memory = None
+            self._save(record)
+
     def _remove_cgroups(self, sandbox_id: str) -> None:
         """The sandbox's cgroups, where no process is left in them (a runtime's own child groups first)."""
         for controller in _CGROUP_CONTROLLERS:
@@ -746,6 +833,8 @@ class OciBackend:
                     self._save(record)
                 await self._release_retrying(record)
             self._locks.pop(sandbox_id, None)
+            if any(f"{self._dir / 'snapshots'}/" in lower for lower in record.lowers):
+                await asyncio.to_thread(self._drop_released_snapshots)  # a fork's, maybe
             return True
 
     async def _release_retrying(self, record: Record) -> None:
@@ -844,11 +933,15 @@ class OciBackend:
 
     # -- snapshots ------------------------------------------------------------------
 
-    async def snapshot(self, sandbox_id: str) -> str:
+    async def snapshot(self, sandbox_id: str, *, memory: bool = False) -> str:
         with _reported(f"taking a snapshot of sandbox {sandbox_id}"):
             async with self._lock(sandbox_id):
                 record = self._record(sandbox_id)
                 next_state(State(record.state), Action.SNAPSHOT)
+                if memory and self._checkpoint_config is None:
+                    raise BackendError(f"{self.name} cannot keep a sandbox's memory in a snapshot here")
+                if memory and (record.state != State.RUNNING.value or record.container is None):
+                    raise TransitionError(f"sandbox {sandbox_id} is not running: its memory cannot be kept")
                 snapshot_id = f"snap-{secrets.token_hex(8)}"
                 target = self._dir / "snapshots" / snapshot_id
                 freeze = record.state == State.RUNNING.value and record.container is not None
@@ -863,21 +956,45 @@ class OciBackend:
                     mapping = self._sandbox_mapping(record)
                     if mapping is not None:  # 0-based owners: idmapped into each sandbox made from it
                         await asyncio.to_thread(_idmap.unshift_owners, building / "upper", mapping)
+                    if memory:  # still frozen: the processes as the files just copied
+                        assert self._checkpoint_config is not None
+                        await self._checkpoint_frozen(record, building / _MEMORY, self._checkpoint_config)
                     manifest = {
                         "zero_based": mapping is not None,
                         "lowers": record.lowers,
                         "agent_command": record.spec["command"],
                         "source": sandbox_id,
                         "template": record.template,
+                        "memory": memory,
                     }
                     (building / "manifest.json").write_text(json.dumps(manifest, indent=1))
                     os.replace(building, target)
                     (self._home(sandbox_id) / _LAST_SNAPSHOT).write_text(snapshot_id)
+                except BaseException:
+                    await asyncio.to_thread(shutil.rmtree, building, True)
+                    raise
                 finally:
                     if freeze:
                         assert record.container is not None
                         await self._runtime.thaw(record.container)
             return snapshot_id
+
+    async def _checkpoint_frozen(self, record: Record, images: Path, config: Path) -> None:
+        """A frozen sandbox's processes and memory written to ``images``; it stays frozen, then runs on.
+
+        As for a pause (``_checkpoint``) the veth goes first and a restore plugs a new pair in; it
+        comes back here at once, so the sandbox keeps its address and listening sockets.
+        """
+        assert record.container is not None
+        assert record.network is not None
+        images.mkdir(mode=0o700, parents=True)
+        await asyncio.to_thread(_network.destroy, _network.SandboxNetwork.from_record(record.network))
+        try:
+            await self._runtime.checkpoint(record.container, images, config=config, leave_running=True)
+        except BackendError as exc:
+            raise BackendError(f"{exc}{_criu_errors(images / 'dump.log')}") from None
+        finally:
+            await asyncio.to_thread(self._plug, record, record.container)
 
     def _previous_snapshot(self, sandbox_id: str) -> Path | None:
         """The writable layer of this sandbox's last snapshot, when it still exists."""
@@ -897,6 +1014,27 @@ class OciBackend:
     async def delete_snapshot(self, snapshot_id: str) -> bool:
         with _reported(f"deleting snapshot {snapshot_id}"):
             return await asyncio.to_thread(self._delete_snapshot, snapshot_id)
+
+    async def release_snapshot(self, snapshot_id: str) -> None:
+        with _reported(f"releasing snapshot {snapshot_id}"):
+            await asyncio.to_thread(self._release_snapshot, snapshot_id)
+
+    def _release_snapshot(self, snapshot_id: str) -> None:
+        target = self._dir / "snapshots" / snapshot_id
+        if not snapshot_id.startswith("snap-") or "/" in snapshot_id or not target.is_dir():
+            return
+        (target / _RELEASED).touch()
+        shutil.rmtree(target / _MEMORY, ignore_errors=True)  # nobody continues its processes again
+        self._drop_released_snapshots()
+
+    def _drop_released_snapshots(self) -> tuple[str, ...]:
+        """Released snapshots no sandbox or snapshot stands on any more (after a kill, at reconcile)."""
+        dropped = []
+        for mark in (self._dir / "snapshots").glob(f"snap-*/{_RELEASED}"):
+            with contextlib.suppress(TransitionError, OSError):
+                if self._delete_snapshot(mark.parent.name):
+                    dropped.append(mark.parent.name)
+        return tuple(dropped)
 
     def _delete_snapshot(self, snapshot_id: str) -> bool:
         if not snapshot_id or "/" in snapshot_id or snapshot_id.startswith("."):
@@ -1000,6 +1138,7 @@ class OciBackend:
             if not (leftover / "record.json").exists() and not _hostfs.mounts_under(leftover):
                 shutil.rmtree(leftover, ignore_errors=True)  # a create that died before its record
                 cleaned.append(leftover.name)
+        cleaned += self._drop_released_snapshots()  # after the records: a quarantined sandbox's stays
         return ReconcileReport(tuple(adopted), tuple(cleaned), tuple(stopped), self._failed())
 
     def _remove_partial_snapshots(self) -> tuple[str, ...]:

@@ -106,14 +106,17 @@ class Feature(enum.Enum):
     # That pause writes memory to disk and frees the RAM; the paused sandbox survives a host restart.
     PAUSE_MEMORY_ON_DISK = "pause-memory-on-disk"
     SNAPSHOT = "snapshot"  # snapshot() of the filesystem, and creates from it
+    # snapshot(memory=True) keeps the processes and memory too: a sandbox created from it
+    # continues them (forks, "full" snapshots), under its own id, id range, address and hostname.
+    SNAPSHOT_MEMORY = "snapshot-memory"
     DISK_LIMIT = "disk-limit"  # Limits.disk_mb enforced by the kernel (ENOSPC inside)
     EGRESS_RULES = "egress-rules"  # allow_out / deny_out honoured, changed live by update_network
     OWN_ID_RANGE = "own-id-range"  # sandbox root is an unprivileged host uid of a range of its own
     METRICS = "metrics"  # cpu, memory, pids and disk figures from the kernel
 
 
-# What a backend without a list of its own provides: everything but memory written to disk.
-DEFAULT_FEATURES: frozenset[Feature] = frozenset(Feature) - {Feature.PAUSE_MEMORY_ON_DISK}
+# What a backend without a list of its own provides: everything but what needs its memory on disk.
+DEFAULT_FEATURES: frozenset[Feature] = frozenset(Feature) - {Feature.PAUSE_MEMORY_ON_DISK, Feature.SNAPSHOT_MEMORY}
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,10 @@ class SandboxSpec:
     allow_out: tuple[str, ...] = ()
     deny_out: tuple[str, ...] = ()
     volumes: tuple[VolumeMount, ...] = ()  # kept across pauses and host restarts, as the files are
+    # The lowercase hex SHA-512 of the agent's access token (of "" for none), published in the
+    # sandbox's metadata: what lets /init replace the token of an agent restored from another
+    # sandbox's memory (envd's metadata-service rule). None: the agent's first /init sets it.
+    access_token_hash: str | None = None
 
 
 @dataclass(frozen=True)
@@ -213,8 +220,17 @@ class Backend(Protocol):
 
     async def metrics(self, sandbox_id: str) -> Metrics: ...
 
-    async def snapshot(self, sandbox_id: str) -> str:
-        """Capture the writable layer as a new template; returns its id."""
+    async def snapshot(self, sandbox_id: str, *, memory: bool = False) -> str:
+        """Capture the writable layer as a new template; returns its id.
+
+        ``memory`` (``Feature.SNAPSHOT_MEMORY``, a running sandbox only): its processes and memory
+        too, taken while it is frozen, so files and processes agree; it runs on afterwards. The
+        first start of a sandbox created from such a snapshot continues those processes.
+        """
+        ...
+
+    async def release_snapshot(self, snapshot_id: str) -> None:
+        """Remove a snapshot nobody will create from again once no sandbox stands on it (a fork's)."""
         ...
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:

@@ -93,9 +93,13 @@ class CrunCommand:
         argv = self.argv("restore", "--detach", "--image-path", str(images), "--bundle", str(bundle), container)
         await self._spawn_container(bundle, argv, log, f"restore failed for {container}", config=config)
 
-    async def checkpoint(self, container: str, images: Path, *, config: Path) -> None:
-        """The container's processes and memory written to ``images``; the container is gone after."""
-        await self._checked("checkpoint", "--image-path", str(images), container, config=config)
+    async def checkpoint(self, container: str, images: Path, *, config: Path, leave_running: bool = False) -> None:
+        """The container's processes and memory written to ``images``; the container is gone after.
+
+        ``leave_running``: it stays, in the state it was (a frozen one stays frozen).
+        """
+        kept = ("--leave-running",) if leave_running else ()
+        await self._checked("checkpoint", *kept, "--image-path", str(images), container, config=config)
 
     def pid(self, container: str) -> int:
         """The container's init, as the host sees it (BackendError when the runtime knows none)."""
@@ -218,7 +222,7 @@ class CrunBackend(OciBackend):
             state_dir.mkdir(parents=True, exist_ok=True)
             config = state_dir / "criu.conf"
             config.write_text(CRIU_OPTIONS)
-            self.features = self.features | {Feature.PAUSE_MEMORY_ON_DISK}
+            self.features = self.features | {Feature.PAUSE_MEMORY_ON_DISK, Feature.SNAPSHOT_MEMORY}
         super().__init__(
             state_dir,
             CrunCommand(
@@ -255,8 +259,8 @@ def __getattr__(name: str) -> frozenset[Feature]:
     checkpoint tools, which ``prepare_host`` may do after this module was imported.
     """
     if name == "FEATURES":
-        on_disk = {Feature.PAUSE_MEMORY_ON_DISK} if _checkpoint_tools.find() is not None else set()
-        return CrunBackend.features | on_disk
+        on_disk = {Feature.PAUSE_MEMORY_ON_DISK, Feature.SNAPSHOT_MEMORY}
+        return CrunBackend.features | (on_disk if _checkpoint_tools.find() is not None else set())
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

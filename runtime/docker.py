@@ -702,7 +702,9 @@ class DockerBackend:
 
     # -- snapshots ------------------------------------------------------------------
 
-    async def snapshot(self, sandbox_id: str) -> str:
+    async def snapshot(self, sandbox_id: str, *, memory: bool = False) -> str:
+        if memory:  # the engine's checkpoints need CRIU and an experimental daemon (not Feature.SNAPSHOT_MEMORY)
+            raise BackendError("the docker backend keeps no memory in snapshots")
         with _reported(f"taking a snapshot of sandbox {sandbox_id}"), _engine_errors():
             async with self._lock(sandbox_id):
                 record = self._record(sandbox_id)
@@ -739,6 +741,10 @@ class DockerBackend:
         return any(r.snapshot == snapshot_id for r in self._records()) or any(
             m.get("parent") == snapshot_id for m in self._manifests().values()
         )
+
+    async def release_snapshot(self, snapshot_id: str) -> None:
+        # Only forks release snapshots, and they need memory snapshots, which this backend never takes.
+        raise BackendError("the docker backend takes no snapshots to release (no memory snapshots)")
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
         with _reported(f"deleting snapshot {snapshot_id}"), _engine_errors():

@@ -9,6 +9,7 @@ backend); a server cannot run on it, since no agent would answer ``/init``.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 from .backend import (
     DEFAULT_FEATURES,
     Action,
+    BackendError,
     Feature,
     Metrics,
     ReconcileReport,
@@ -41,6 +43,7 @@ class _Sandbox:
     state: State
     files: dict[str, bytes] = field(default_factory=dict)
     boot: int = 0  # increments each time processes start afresh
+    continued_from: str | None = None  # the memory snapshot whose processes its first start continued
 
 
 class FakeBackend:
@@ -57,6 +60,8 @@ class FakeBackend:
         self._sandboxes: dict[str, _Sandbox] = {}
         self._snapshot_ids = itertools.count(1)
         self._taken_from: dict[str, str] = {}  # snapshot → the template of the sandbox it was taken of
+        self._kept_memory: set[str] = set()  # snapshots taken with memory
+        self._released: set[str] = set()  # snapshots deleted once nothing stands on them
 
     def _get(self, sandbox_id: str) -> _Sandbox:
         found = self._sandboxes.get(sandbox_id)
@@ -84,7 +89,10 @@ class FakeBackend:
 
     async def start(self, sandbox_id: str) -> SandboxInfo:
         sandbox = self._apply(sandbox_id, Action.START)
-        sandbox.boot += 1
+        if sandbox.spec.template in self._kept_memory:
+            sandbox.continued_from = sandbox.spec.template
+        else:
+            sandbox.boot += 1
         return self._info(sandbox)
 
     async def pause(self, sandbox_id: str, *, memory: bool) -> SandboxInfo:
@@ -102,7 +110,11 @@ class FakeBackend:
         return self._info(self._apply(sandbox_id, Action.DISCARD_MEMORY))
 
     async def kill(self, sandbox_id: str) -> bool:
-        return self._sandboxes.pop(sandbox_id, None) is not None
+        killed = self._sandboxes.pop(sandbox_id, None) is not None
+        for snapshot_id in sorted(self._released):
+            with contextlib.suppress(TransitionError):
+                await self.delete_snapshot(snapshot_id)
+        return killed
 
     async def inspect(self, sandbox_id: str) -> SandboxInfo:
         return self._info(self._get(sandbox_id))
@@ -125,13 +137,27 @@ class FakeBackend:
             (limits.disk_mb or 1024) << 20,
         )
 
-    async def snapshot(self, sandbox_id: str) -> str:
+    async def snapshot(self, sandbox_id: str, *, memory: bool = False) -> str:
         sandbox = self._get(sandbox_id)
         next_state(sandbox.state, Action.SNAPSHOT)
+        if memory and Feature.SNAPSHOT_MEMORY not in self.features:
+            raise BackendError("this fake keeps no memory in snapshots")
+        if memory and sandbox.state is not State.RUNNING:
+            raise TransitionError(f"sandbox {sandbox_id} is not running: its memory cannot be kept")
         snapshot_id = f"snap-fake-{next(self._snapshot_ids)}"
         self.templates[snapshot_id] = dict(sandbox.files)
         self._taken_from[snapshot_id] = sandbox.spec.template
+        if memory:
+            self._kept_memory.add(snapshot_id)
         return snapshot_id
+
+    async def release_snapshot(self, snapshot_id: str) -> None:
+        if snapshot_id not in self.templates:
+            return
+        self._released.add(snapshot_id)
+        self._kept_memory.discard(snapshot_id)
+        with contextlib.suppress(TransitionError):
+            await self.delete_snapshot(snapshot_id)
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
         if not snapshot_id.startswith("snap-") or snapshot_id not in self.templates:
@@ -143,6 +169,8 @@ class FakeBackend:
             raise TransitionError(f"snapshot {snapshot_id} is in use")
         del self.templates[snapshot_id]
         del self._taken_from[snapshot_id]
+        self._kept_memory.discard(snapshot_id)
+        self._released.discard(snapshot_id)
         return True
 
     async def update_network(

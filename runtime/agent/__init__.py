@@ -4,7 +4,8 @@ Started inside every sandbox as ``python -m runtime.agent`` (or ``e2b-compat age
 docs/ARCHITECTURE.md, "The agent". The reference server uses the listener's helpers
 (``NoDelayH11Protocol``, ``bind``) and the advertised ``ENVD_VERSION``; the runtime names the
 pipe the agent signals on once it listens (``READY_FD_ENV``, see ``_ready``) and asks it to offer
-its start-up memory for merging (``SHARE_MEMORY_ENV``, see ``_memory``). Importing this package
+its start-up memory for merging (``SHARE_MEMORY_ENV``, see ``_memory``), and publishes the hash
+of the token /init must bring (``ACCESS_TOKEN_HASH_FILE``, see ``_metadata``). Importing this package
 loads nothing else: every name is loaded on first use.
 
 Exceptions (``_errors``): one type, whose ``ErrorKind`` is both the HTTP status of an envd route
@@ -27,6 +28,7 @@ from contract.lazy import lazy_getattr as _lazy_getattr
 if _TYPE_CHECKING:
     from ._errors import AgentError, ErrorKind
     from ._memory import SHARE_MEMORY_ENV
+    from ._metadata import ACCESS_TOKEN_HASH_FILE
     from ._ready import READY_FD_ENV
     from ._server import DEFAULT_HOSTS, DEFAULT_PORT, NoDelayH11Protocol, bind, serve
     from ._version import ENVD_VERSION
@@ -44,6 +46,7 @@ _LAZY = {
     "ENVD_VERSION": "_version",
     "READY_FD_ENV": "_ready",
     "SHARE_MEMORY_ENV": "_memory",
+    "ACCESS_TOKEN_HASH_FILE": "_metadata",
 }
 
 
@@ -51,6 +54,7 @@ __getattr__ = _lazy_getattr(__name__, _LAZY, globals())
 
 
 __all__ = [
+    "ACCESS_TOKEN_HASH_FILE",
     "DEFAULT_HOSTS",
     "DEFAULT_PORT",
     "ENVD_VERSION",

@@ -14,6 +14,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from . import _metadata
 from ._errors import AgentError, ErrorKind, HttpBody, answers_errors
 from ._limits import MAX_INIT_BODY
 from ._metrics import MetricsCollector
@@ -60,6 +61,15 @@ async def read_capped(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def _init_authorized(state: AgentState, presented: str | None, expected_hash: str | None) -> bool:
+    """envd's rule: the current token repeated; else the published hash matched; else a first /init."""
+    if state.access_token is not None and presented is not None and state.token_matches(presented):
+        return True
+    if expected_hash:
+        return _metadata.matches_hash(presented, expected_hash)
+    return state.access_token is None
+
+
 def _parse_init(body: bytes) -> dict[str, Any]:
     if not body.strip():
         return {}
@@ -98,9 +108,10 @@ async def init(request: Request) -> Response:
         raise AgentError(ErrorKind.INVALID_ARGUMENT, "") from None  # envd answers a bare 400
     async with state.init_lock:
         presented = data.get("accessToken")
-        if state.access_token is not None and not (presented is not None and state.token_matches(presented)):
+        if not _init_authorized(state, presented, _metadata.expected_token_hash(state.metadata_dir)):
             reason = "access token validation failed" if presented is not None else "access token reset not authorized"
             raise AgentError(ErrorKind.UNAUTHENTICATED, reason)
+        state.internal.update(_metadata.published_ids(state.metadata_dir))  # a restored agent's new identity
         stamp = data.get("timestamp")
         if stamp is not None and state.last_init is not None and stamp < state.last_init:
             return Response(status_code=204, headers=_NO_STORE)

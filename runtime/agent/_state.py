@@ -13,8 +13,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 
 from ._errors import AgentError, ErrorKind
+from ._metadata import METADATA_DIR
 from ._users import UnknownUserError, User, UserDatabase
 
 # Set by the agent itself; /init cannot set or remove them.
@@ -48,6 +50,7 @@ class AgentState:
     last_init: datetime | None = None
     init_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     internal: dict[str, str] = field(default_factory=internal_env)
+    metadata_dir: Path = METADATA_DIR  # what the runtime publishes (``_metadata``)
 
     def global_env(self) -> dict[str, str]:
         return {**self.env_vars, **self.internal}

@@ -168,7 +168,7 @@ def test_a_client_older_than_a_cases_api_has_no_result_for_it(tmp_path: Path) ->
         "sandbox/lifecycle/list-order",
         "sandbox/lifecycle/idempotent-create",
         "envd/commands/stream-input",
-        "sandbox/lifecycle/fork-refused",
+        "sandbox/lifecycle/fork",
     }
     assert not names & newer, "the pinned clients predate these cases' APIs"
     assert "sandbox/lifecycle/list-filter-paginate" in names

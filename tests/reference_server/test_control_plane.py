@@ -428,6 +428,7 @@ async def test_snapshots(plane: Plane) -> None:
 
 
 async def test_fork_is_refused_as_not_offered_and_makes_nothing(plane: Plane) -> None:
+    # The fake backend's default features keep no memory in snapshots (test_forks.py: one that does).
     source = (await plane.create())["sandboxID"]
     before = {info.sandbox_id for info in await plane.backend.list()}
     for body in ({}, {"count": 1}, {"count": 20, "timeout": 60}, None):

@@ -48,7 +48,7 @@ def _request(method: str, path: str, body: dict[str, Any] | None = None, **path_
 BEYOND_THE_PIN = {
     ("POST", "/v2/sandboxes"): "clients from 2.51 on create here (v2 defaults)",
     ("POST", "/v2/sandboxes/{sandboxID}/connect"): "newer clients connect here",
-    ("POST", "/sandboxes/{sandboxID}/fork"): "fork(count=...) from Python e2b 2.34 and npm e2b 2.35: refused with 501",
+    ("POST", "/sandboxes/{sandboxID}/fork"): "fork(count=...) from e2b 2.34 (npm 2.35); 501 without memory snapshots",
 }
 
 

@@ -375,7 +375,7 @@ class FakeRunsc:
     def pid(self, container: str) -> int:
         raise AssertionError("no process here")
 
-    async def checkpoint(self, container: str, images: Path, *, config: Path) -> None:
+    async def checkpoint(self, container: str, images: Path, *, config: Path, leave_running: bool = False) -> None:
         raise AssertionError("nothing is checkpointed here")
 
     async def restore(self, bundle: Path, container: str, log: Path, images: Path, *, config: Path) -> None:

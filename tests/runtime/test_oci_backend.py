@@ -79,7 +79,7 @@ class MemoryRuntime:
         assert container in self.containers
         return os.getpid()
 
-    async def checkpoint(self, container: str, images: Path, *, config: Path) -> None:
+    async def checkpoint(self, container: str, images: Path, *, config: Path, leave_running: bool = False) -> None:
         self._step("checkpoint")
         (images / "core-1.img").write_text(self.containers.pop(container))
 

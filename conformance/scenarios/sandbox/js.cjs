@@ -39,6 +39,12 @@ const HEADER_ECHO = require('node:fs').readFileSync(
 
 // The MCP scenario's stdio server, and git's own settings that make github.com's URL of its
 // repository the volume's copy (the sandbox has no route out).
+// As in py_sync.py: a background loop (its pid in the tmpfs /tmp), a tmpfs file, a disk file.
+const FORK_SETUP = "nohup sh -c 'while :; do sleep 1; done' >/dev/null 2>&1 & echo $! > /tmp/loop.pid; " +
+  'echo in-memory > /tmp/ram.txt; echo on-disk > /home/user/disk.txt'
+const FORK_ALIVE = 'kill -0 "$(cat /tmp/loop.pid)" && echo ok'
+const FORK_CHECK = `${FORK_ALIVE} && cat /tmp/ram.txt /home/user/disk.txt && echo "$E2B_SANDBOX_ID $FORK_ENV"`
+
 const MCP_ECHO = require('node:fs').readFileSync(
   require('node:path').join(__dirname, '..', 'in_sandbox', 'mcp_echo_server.py'),
   'utf8',
@@ -266,22 +272,34 @@ const scenarios = {
     }
   },
 
-  // fork({ count: 2 }) (clients from 2.35), which this server refuses: the error the caller gets, and nothing made.
-  'sandbox/fork-refused': async () => {
+  // fork({ count: 2 }) (clients from 2.35): each fork goes on with the source's processes, memory and files.
+  'sandbox/fork': async () => {
     const suite = crypto.randomUUID().replace(/-/g, '').slice(0, 12)
-    const sbx = await Sandbox.create({ metadata: { suite }, timeoutMs: 120000 })
+    const sbx = await Sandbox.create({ metadata: { suite }, envs: { FORK_ENV: 'inherited' }, timeoutMs: 120000 })
+    const made = []
     try {
-      let outcome
+      await sbx.commands.run(FORK_SETUP)
+      let forks
       try {
-        const forks = await sbx.fork({ count: 2 })
-        outcome = { raised: null, forks: forks.length }
-        for (const made of forks) if (made instanceof Sandbox) await made.kill()
+        forks = await sbx.fork({ count: 2 })
       } catch (e) {
-        outcome = { raised: e.constructor.name, message: String(e.message) }
+        return { raised: e.constructor.name, message: String(e.message) } // a refusal: its message has the status
       }
-      const listed = await Sandbox.list({ query: { metadata: { suite } } }).nextItems()
-      return { ...outcome, listed: listed.length, runs: (await sbx.commands.run('echo ok')).stdout }
+      const outcome = { raised: null, source: sbx.sandboxId, forks: [] }
+      for (const fork of forks) {
+        if (!(fork instanceof Sandbox)) {
+          outcome.forks.push({ error: `${fork.constructor.name}: ${fork.message}` })
+          continue
+        }
+        made.push(fork)
+        const stdout = (await fork.commands.run(FORK_CHECK)).stdout
+        outcome.forks.push({ id: fork.sandboxId, stdout, metadata: (await fork.getInfo()).metadata })
+      }
+      outcome.source_runs = (await sbx.commands.run(FORK_ALIVE)).stdout
+      outcome.listed = (await Sandbox.list({ query: { metadata: { suite } } }).nextItems()).length
+      return outcome
     } finally {
+      for (const fork of made) await fork.kill()
       await sbx.kill()
     }
   },

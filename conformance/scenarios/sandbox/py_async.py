@@ -204,24 +204,43 @@ async def _sudo(work: str) -> dict[str, Any]:
         await sbx.kill()
 
 
-@scenario("sandbox/fork-refused")
-async def _fork_refused(work: str) -> dict[str, Any]:
-    """fork(count=2) (clients from 2.34), which this server refuses: the error the caller gets, and nothing made."""
+@scenario("sandbox/fork")
+async def _fork(work: str) -> dict[str, Any]:
+    """fork(count=2) (clients from 2.34): each fork goes on with the source's processes, memory and files."""
     suite = uuid.uuid4().hex[:12]
-    sbx = await AsyncSandbox.create(timeout=120, metadata={"suite": suite})
+    sbx = await AsyncSandbox.create(timeout=120, metadata={"suite": suite}, envs={"FORK_ENV": "inherited"})
+    made: list[AsyncSandbox] = []
     try:
+        await sbx.commands.run(FORK_SETUP)
         try:
             forks = await sbx.fork(count=2)
-            outcome: dict[str, Any] = {"raised": None, "forks": len(forks)}
-            for made in forks:
-                if isinstance(made, AsyncSandbox):
-                    await made.kill()
-        except Exception as exc:  # noqa: BLE001 -- the refusal is the result
-            outcome = {"raised": type(exc).__name__, "message": str(exc)}
-        listed = await AsyncSandbox.list(query=SandboxQuery(metadata={"suite": suite})).next_items()
-        return {**outcome, "listed": len(listed), "runs": (await sbx.commands.run("echo ok")).stdout}
+        except Exception as exc:  # noqa: BLE001 -- a refusal is the result (its message has the status)
+            return {"raised": type(exc).__name__, "message": str(exc)}
+        outcome: dict[str, Any] = {"raised": None, "source": sbx.sandbox_id, "forks": []}
+        for fork in forks:
+            if not isinstance(fork, AsyncSandbox):
+                outcome["forks"].append({"error": f"{type(fork).__name__}: {fork}"})
+                continue
+            made.append(fork)
+            stdout = (await fork.commands.run(FORK_CHECK)).stdout
+            info = await fork.get_info()
+            outcome["forks"].append({"id": fork.sandbox_id, "stdout": stdout, "metadata": info.metadata})
+        outcome["source_runs"] = (await sbx.commands.run(FORK_ALIVE)).stdout
+        outcome["listed"] = len(await AsyncSandbox.list(query=SandboxQuery(metadata={"suite": suite})).next_items())
+        return outcome
     finally:
+        for fork in made:
+            await fork.kill()
         await sbx.kill()
+
+
+# As in py_sync.py: a background loop (its pid in the tmpfs /tmp), a tmpfs file, a disk file.
+FORK_SETUP = (
+    "nohup sh -c 'while :; do sleep 1; done' >/dev/null 2>&1 & echo $! > /tmp/loop.pid; "
+    "echo in-memory > /tmp/ram.txt; echo on-disk > /home/user/disk.txt"
+)
+FORK_ALIVE = 'kill -0 "$(cat /tmp/loop.pid)" && echo ok'
+FORK_CHECK = f'{FORK_ALIVE} && cat /tmp/ram.txt /home/user/disk.txt && echo "$E2B_SANDBOX_ID $FORK_ENV"'
 
 
 # The MCP scenario's stdio server, and git's own settings that make github.com's URL of its

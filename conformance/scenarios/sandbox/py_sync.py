@@ -195,24 +195,43 @@ def _sudo(work: str) -> dict[str, Any]:
         sbx.kill()
 
 
-@scenario("sandbox/fork-refused")
-def _fork_refused(work: str) -> dict[str, Any]:
-    """fork(count=2) (clients from 2.34), which this server refuses: the error the caller gets, and nothing made."""
+@scenario("sandbox/fork")
+def _fork(work: str) -> dict[str, Any]:
+    """fork(count=2) (clients from 2.34): each fork goes on with the source's processes, memory and files."""
     suite = uuid.uuid4().hex[:12]
-    sbx = Sandbox.create(timeout=120, metadata={"suite": suite})
+    sbx = Sandbox.create(timeout=120, metadata={"suite": suite}, envs={"FORK_ENV": "inherited"})
+    made: list[Sandbox] = []
     try:
+        sbx.commands.run(FORK_SETUP)
         try:
             forks = sbx.fork(count=2)
-            outcome: dict[str, Any] = {"raised": None, "forks": len(forks)}
-            for made in forks:
-                if isinstance(made, Sandbox):
-                    made.kill()
-        except Exception as exc:  # noqa: BLE001 -- the refusal is the result
-            outcome = {"raised": type(exc).__name__, "message": str(exc)}
-        listed = Sandbox.list(query=SandboxQuery(metadata={"suite": suite})).next_items()
-        return {**outcome, "listed": len(listed), "runs": sbx.commands.run("echo ok").stdout}
+        except Exception as exc:  # noqa: BLE001 -- a refusal is the result (its message has the status)
+            return {"raised": type(exc).__name__, "message": str(exc)}
+        outcome: dict[str, Any] = {"raised": None, "source": sbx.sandbox_id, "forks": []}
+        for fork in forks:
+            if not isinstance(fork, Sandbox):
+                outcome["forks"].append({"error": f"{type(fork).__name__}: {fork}"})
+                continue
+            made.append(fork)
+            stdout = fork.commands.run(FORK_CHECK).stdout
+            outcome["forks"].append({"id": fork.sandbox_id, "stdout": stdout, "metadata": fork.get_info().metadata})
+        outcome["source_runs"] = sbx.commands.run(FORK_ALIVE).stdout
+        outcome["listed"] = len(Sandbox.list(query=SandboxQuery(metadata={"suite": suite})).next_items())
+        return outcome
     finally:
+        for fork in made:
+            fork.kill()
         sbx.kill()
+
+
+# A fork's check: a background loop started before the fork (its pid in the tmpfs /tmp, so in
+# memory), a tmpfs file, a disk file, and the fork's own id beside the source's environment.
+FORK_SETUP = (
+    "nohup sh -c 'while :; do sleep 1; done' >/dev/null 2>&1 & echo $! > /tmp/loop.pid; "
+    "echo in-memory > /tmp/ram.txt; echo on-disk > /home/user/disk.txt"
+)
+FORK_ALIVE = 'kill -0 "$(cat /tmp/loop.pid)" && echo ok'
+FORK_CHECK = f'{FORK_ALIVE} && cat /tmp/ram.txt /home/user/disk.txt && echo "$E2B_SANDBOX_ID $FORK_ENV"'
 
 
 # The MCP scenario's stdio server, and git's own settings that make github.com's URL of its

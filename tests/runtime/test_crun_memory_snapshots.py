@@ -1,0 +1,132 @@
+"""Memory snapshots on crun: new sandboxes that continue a snapshot's processes; checkpoints in parallel.
+
+Real sandboxes, as root, with the checkpoint tools (CI builds them; elsewhere ``e2b-compat host
+prepare`` does). Each test kills what it made and checks that nothing is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+
+from contract.protocol import ENVD_PORT
+from runtime.backend import Feature, Limits, SandboxSpec, State, TransitionError
+from runtime.crun import CrunBackend
+
+from .test_crun import _holder, _leftovers, _needs_checkpoints, backend, run, shell, started, state_dir
+
+__all__ = ["backend", "state_dir"]  # the fixtures, shared with test_crun
+
+pytestmark = [
+    pytest.mark.artifacts,
+    pytest.mark.skipif(os.geteuid() != 0, reason="crun sandboxes need root (namespaces, mounts, cgroups)"),
+]
+
+_IDENTITY = "cat /run/e2b/.E2B_SANDBOX_ID; echo; hostname; grep -c . /etc/hosts; head -c 22 /proc/self/uid_map"
+
+
+def _uid_map_base(out: str) -> int:
+    return int(out.split()[1])
+
+
+def test_a_memory_snapshot_continues_its_processes_in_each_new_sandbox(backend: CrunBackend, state_dir: Path) -> None:
+    _needs_checkpoints()
+    assert Feature.SNAPSHOT_MEMORY in backend.features
+    host = started(backend, "ms1")
+    pid = _holder(host, "holder-ms1")
+    assert shell(host, "echo on-disk > /root/disk.txt")[0] == 0
+    snapshot = run(backend.snapshot("ms1", memory=True))
+    # The source runs on where it was: same address, same process, its network back.
+    assert run(backend.inspect("ms1")).state is State.RUNNING
+    assert shell(host, f"kill -0 {pid} && echo up", fresh_connection=True) == (0, b"up\n", b"")
+    hosts = {}
+    for sandbox_id in ("ms2", "ms3"):
+        run(backend.create(SandboxSpec(sandbox_id, snapshot, limits=Limits(cpu_count=1, memory_mb=256, pids=128))))
+        hosts[sandbox_id] = run(backend.start(sandbox_id)).host or ""
+    assert len({host, *hosts.values()}) == 3, "each its own address"
+    bases = set()
+    for sandbox_id, address in hosts.items():
+        code, out, err = shell(
+            address, f"kill -0 {pid} && cat /tmp/ram.txt /root/disk.txt && {_IDENTITY}", fresh_connection=True
+        )
+        assert code == 0, err
+        lines = out.decode().split("\n")
+        # The process and the tmpfs file came from memory, the disk file from the snapshot's files.
+        assert lines[:2] == ["in-ram", "on-disk"]
+        # Its own identity: /run/e2b, hostname, /etc/hosts from its own bundle; its own id range.
+        assert lines[2:4] == [sandbox_id, sandbox_id]
+        base = _uid_map_base(lines[5])
+        assert base == backend._record(sandbox_id).ids
+        bases.add(base)
+        assert not (backend._home(sandbox_id) / "memory").exists(), "the copy of the images goes once restored"
+    assert len(bases | {backend._record("ms1").ids}) == 3
+    # Three sandboxes, three processes: ending one leaves the others.
+    assert shell(hosts["ms2"], f"kill {pid}")[0] == 0
+    assert shell(hosts["ms3"], f"kill -0 {pid}")[0] == 0
+    assert shell(host, f"kill -0 {pid}")[0] == 0
+    # A released snapshot goes once the last sandbox standing on it goes.
+    folder = state_dir / "snapshots" / snapshot
+    run(backend.release_snapshot(snapshot))
+    assert folder.is_dir(), "sandboxes stand on its files"
+    assert not (folder / "memory").exists(), "nobody continues its processes again"
+    for sandbox_id in ("ms2", "ms3"):
+        assert run(backend.kill(sandbox_id))
+    assert not folder.exists()
+    assert run(backend.kill("ms1"))
+    assert _leftovers(state_dir, ["ms1", "ms2", "ms3"]) == []
+
+
+def test_a_memory_snapshot_needs_a_running_sandbox_and_a_failed_one_stores_nothing(
+    backend: CrunBackend, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _needs_checkpoints()
+    host = started(backend, "ms4")
+    run(backend.pause("ms4", memory=False))
+    with pytest.raises(TransitionError):
+        run(backend.snapshot("ms4", memory=True))
+    run(backend.resume("ms4"))
+    host = run(backend.inspect("ms4")).host or host
+    before = sorted(p.name for p in (state_dir / "snapshots").iterdir())
+    # CRIU refusing the dump: the snapshot fails, nothing of it stays, the sandbox runs on.
+    bad = state_dir / "bad-criu.conf"
+    bad.write_text("no-such-option\n")
+    monkeypatch.setattr(backend, "_checkpoint_config", bad)
+    with pytest.raises(Exception, match="checkpoint"):
+        run(backend.snapshot("ms4", memory=True))
+    assert sorted(p.name for p in (state_dir / "snapshots").iterdir()) == before
+    assert run(backend.inspect("ms4")).state is State.RUNNING
+    assert shell(host, "echo still", fresh_connection=True) == (0, b"still\n", b"")
+    assert run(backend.kill("ms4"))
+    assert _leftovers(state_dir, ["ms4"]) == []
+
+
+def test_memory_pauses_and_resumes_in_parallel(backend: CrunBackend, state_dir: Path) -> None:
+    """Each checkpoint is its own crun and CRIU on its own files: several at once all keep their processes."""
+    _needs_checkpoints()
+    ids = ["mp1", "mp2", "mp3"]
+    pids = {sandbox_id: _holder(started(backend, sandbox_id), f"holder-{sandbox_id}") for sandbox_id in ids}
+
+    async def all_of(action: str) -> list[object]:
+        if action == "pause":
+            return await asyncio.gather(*(backend.pause(i, memory=True) for i in ids))
+        return await asyncio.gather(*(backend.resume(i) for i in ids))
+
+    run(all_of("pause"))
+    for sandbox_id in ids:
+        assert backend._record(sandbox_id).memory is not None, "written to disk, not frozen"
+    infos = run(all_of("resume"))
+    for sandbox_id, info in zip(ids, infos, strict=True):
+        host = getattr(info, "host", None) or ""
+        assert shell(host, f"kill -0 {pids[sandbox_id]} && cat /tmp/ram.txt", fresh_connection=True) == (
+            0,
+            b"in-ram\n",
+            b"",
+        )
+        assert httpx.get(f"http://{host}:{ENVD_PORT}/health", timeout=5).status_code == 204
+    for sandbox_id in ids:
+        assert run(backend.kill(sandbox_id))
+    assert _leftovers(state_dir, ids) == []
