@@ -7,6 +7,8 @@ official Python client (``backends_client.py``) then measures:
 - create → first ``commands.run("true")`` result, ``--sandboxes`` sandboxes one after another;
 - the warm ``commands.run("true")`` round trip, ``--iterations`` times on one sandbox;
 - memory pause → resume (``pause()``, then ``connect()`` and a command), ``--pauses`` times;
+- ``create_snapshot()`` (with the memory where the backend keeps it) and ``Sandbox.create`` of it up
+  to its first command, ``--pauses`` times;
 - an upload and a download of ``--transfer-mib`` random bytes through the files API, ``--transfers``
   times, as throughput (MB/s of the p50 time);
 - idle memory per sandbox, with ``--idle`` idle sandboxes up: the backend's own memory figure
@@ -60,6 +62,8 @@ METRICS = (
     ("download", "download (files.read)", "floor_http_download", "MB/s"),
     ("pause_resume", "pause → resume → command", "floor_http_round_trip", "ms"),
     ("resume_to_first_run", "resume → first command (after a memory pause)", "floor_http_round_trip", "ms"),
+    ("snapshot", "create_snapshot() (memory kept where the backend can)", "floor_http_round_trip", "ms"),
+    ("snapshot_create_to_first_run", "create from that snapshot → first command", "floor_http_round_trip", "ms"),
     ("paused_memory", "memory of a memory-paused sandbox (backend metrics)", "floor_idle_process", "MiB"),
     ("idle_memory_per_sandbox", "idle memory per sandbox (backend metrics)", "floor_idle_process", "MiB"),
     ("idle_memory_host_drop", "idle memory per sandbox (host MemAvailable drop)", "floor_idle_process", "MiB"),
@@ -249,6 +253,8 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {key: quantiles_ms(value) for key, value in raw.items() if isinstance(value, list) and value}
     if "pause_error" in raw:
         out["pause_resume"] = {"error": raw["pause_error"]}
+    if "snapshot_error" in raw:
+        out["snapshot"] = {"error": raw["snapshot_error"]}
     memory = raw.get("idle_memory", {})
     if memory.get("count"):
         # Negative when something else on the host freed memory meanwhile: shown as it is.

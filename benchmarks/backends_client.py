@@ -8,7 +8,9 @@ JSON lines:
   meanwhile; nothing the later phases allocate and free can move that figure);
 - last, ``{"result": {...}}``: samples in seconds of create → first ``commands.run("true")``
   (``<sandboxes>`` sandboxes one after another), warm ``commands.run("true")``, memory pause →
-  resume (``pause()`` then ``connect()`` and a command), ``<transfers>`` uploads and downloads of
+  resume (``pause()`` then ``connect()`` and a command), a snapshot (``create_snapshot()``: with the
+  memory where the backend keeps it) and a sandbox made from it up to its first command, each
+  ``<pauses>`` times, ``<transfers>`` uploads and downloads of
   ``<MiB>`` random bytes (``files.write``, ``files.read(format="bytes")``, checked), and the
   floors: a bare process spawn, a loopback HTTP round trip, and the same bytes posted to and
   fetched from a loopback server at memory speed, each with the client's own httpx. A pause the
@@ -82,6 +84,28 @@ def _pause_resume(sbx: Sandbox, count: int) -> dict[str, Any]:
         resume.append(resumed - paused)
         total.append(resumed - start)
     return {"pause": pause, "resume_to_first_run": resume, "pause_resume": total}
+
+
+def _snapshot_to_first_run(sbx: Sandbox, count: int) -> dict[str, Any]:
+    """``create_snapshot()``, then ``Sandbox.create`` of it up to its first command (its processes go on where kept)."""
+    snapshot, first_run = [], []
+    for _ in range(count):
+        start = time.perf_counter()
+        try:
+            taken = sbx.create_snapshot()
+        except Exception as exc:  # noqa: BLE001 - a backend without snapshots refuses it: recorded
+            return {"snapshot_error": f"{type(exc).__name__}: {exc}"[:300]}
+        snapped = time.perf_counter()
+        child = Sandbox.create(taken.snapshot_id)
+        try:
+            child.commands.run("true")
+            ran = time.perf_counter()
+        finally:
+            child.kill()
+            Sandbox.delete_snapshot(taken.snapshot_id)
+        snapshot.append(snapped - start)
+        first_run.append(ran - snapped)
+    return {"snapshot": snapshot, "snapshot_create_to_first_run": first_run}
 
 
 def _paused_memory(sbx: Sandbox) -> None:
@@ -161,6 +185,7 @@ def main() -> None:
         sbx.commands.run("true")  # warm the connection
         result["warm_commands_run_true"] = _timed(lambda: sbx.commands.run("true"), iterations)
         result |= _transfers(sbx, transfers, os.urandom(mib << 20))
+        result |= _snapshot_to_first_run(sbx, pauses)
         result |= _pause_resume(sbx, pauses)
         if "pause_error" not in result:
             _paused_memory(sbx)

@@ -857,7 +857,7 @@ class SandboxService:
             if record.state != S.RUNNING:
                 raise ApiError(409, text.SANDBOX_NOT_RUNNING)
             try:
-                snapshot_id = await self.backend.snapshot(sandbox_id, memory=True)
+                snapshot_id = await self.backend.snapshot(sandbox_id, memory=True, transient=True)
             except SandboxRuntimeError as exc:
                 log.error("the fork snapshot of %s failed: %s", sandbox_id, exc)
                 raise runtime_refusal("snapshot", exc) from None

@@ -82,6 +82,7 @@ _RUNTIME_CHILD_CGROUPS = (".proxy-crun",)  # crun 1.21's, left by a restore that
 _MEMORY = "memory"  # a checkpointed sandbox's processes and memory, in its folder
 _LAST_SNAPSHOT = "last-snapshot"  # in a sandbox's folder: its newest snapshot's id, to share files with
 _RELEASED = "released"  # in a snapshot's folder: nobody creates from it again; it goes once nothing stands on it
+_TRANSIENT = "transient"  # in a snapshot's folder: a fork's, released after its creates or at the next reconcile
 _METADATA = "e2b"  # in a bundle: the folder seen read-only at /run/e2b (the sandbox's identity)
 _KILL_ATTEMPTS = 4  # a failing release is tried this often, pausing 0.25, 0.5, 1 s between
 _KILL_BACKOFF_S = 0.25
@@ -726,7 +727,8 @@ class OciBackend:
         home = self._home(record.sandbox_id)
         images = home / _MEMORY
         await asyncio.to_thread(shutil.rmtree, images, True)
-        await asyncio.to_thread(shutil.copytree, snapshot, images)
+        # Linked, not copied: the two images rewritten are replaced (new files), the rest only read.
+        await asyncio.to_thread(shutil.copytree, snapshot, images, copy_function=_link_or_copy)
         mapping = self._sandbox_mapping(record)
         try:
             await asyncio.to_thread(
@@ -752,6 +754,7 @@ class OciBackend:
             kept = home / "logs" / "restore.log"
             with contextlib.suppress(OSError):
                 os.replace(images / "restore.log", kept)
+            await self._stop_container(record)  # what a restore cut short left
             raise BackendError(f"{exc}{_criu_errors(kept)}") from None
         finally:
             await asyncio.to_thread(shutil.rmtree, images, True)
@@ -933,7 +936,7 @@ class OciBackend:
 
     # -- snapshots ------------------------------------------------------------------
 
-    async def snapshot(self, sandbox_id: str, *, memory: bool = False) -> str:
+    async def snapshot(self, sandbox_id: str, *, memory: bool = False, transient: bool = False) -> str:
         with _reported(f"taking a snapshot of sandbox {sandbox_id}"):
             async with self._lock(sandbox_id):
                 record = self._record(sandbox_id)
@@ -968,6 +971,8 @@ class OciBackend:
                         "memory": memory,
                     }
                     (building / "manifest.json").write_text(json.dumps(manifest, indent=1))
+                    if transient:
+                        (building / _TRANSIENT).touch()
                     os.replace(building, target)
                     (self._home(sandbox_id) / _LAST_SNAPSHOT).write_text(snapshot_id)
                 except BaseException:
@@ -1019,13 +1024,14 @@ class OciBackend:
         with _reported(f"releasing snapshot {snapshot_id}"):
             await asyncio.to_thread(self._release_snapshot, snapshot_id)
 
-    def _release_snapshot(self, snapshot_id: str) -> None:
+    def _release_snapshot(self, snapshot_id: str, *, drop: bool = True) -> None:
         target = self._dir / "snapshots" / snapshot_id
         if not snapshot_id.startswith("snap-") or "/" in snapshot_id or not target.is_dir():
             return
         (target / _RELEASED).touch()
         shutil.rmtree(target / _MEMORY, ignore_errors=True)  # nobody continues its processes again
-        self._drop_released_snapshots()
+        if drop:
+            self._drop_released_snapshots()
 
     def _drop_released_snapshots(self) -> tuple[str, ...]:
         """Released snapshots no sandbox or snapshot stands on any more (after a kill, at reconcile)."""
@@ -1138,6 +1144,8 @@ class OciBackend:
             if not (leftover / "record.json").exists() and not _hostfs.mounts_under(leftover):
                 shutil.rmtree(leftover, ignore_errors=True)  # a create that died before its record
                 cleaned.append(leftover.name)
+        for mark in (self._dir / "snapshots").glob(f"snap-*/{_TRANSIENT}"):  # no create is in flight now
+            self._release_snapshot(mark.parent.name, drop=False)
         cleaned += self._drop_released_snapshots()  # after the records: a quarantined sandbox's stays
         return ReconcileReport(tuple(adopted), tuple(cleaned), tuple(stopped), self._failed())
 
@@ -1330,6 +1338,13 @@ async def _both(first: Awaitable[None], second: Awaitable[None]) -> None:
     for result in results:
         if isinstance(result, BaseException):
             raise result
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another filesystem
+        shutil.copy2(source, target)
 
 
 def _criu_errors(log: Path, count: int = 3) -> str:

@@ -220,12 +220,14 @@ class Backend(Protocol):
 
     async def metrics(self, sandbox_id: str) -> Metrics: ...
 
-    async def snapshot(self, sandbox_id: str, *, memory: bool = False) -> str:
+    async def snapshot(self, sandbox_id: str, *, memory: bool = False, transient: bool = False) -> str:
         """Capture the writable layer as a new template; returns its id.
 
         ``memory`` (``Feature.SNAPSHOT_MEMORY``, a running sandbox only): its processes and memory
         too, taken while it is frozen, so files and processes agree; it runs on afterwards. The
         first start of a sandbox created from such a snapshot continues those processes.
+        ``transient``: made for creates now in flight (a fork's), released by ``release_snapshot``
+        after them, or by the next ``reconcile`` when the server stopped before that.
         """
         ...
 

@@ -702,7 +702,7 @@ class DockerBackend:
 
     # -- snapshots ------------------------------------------------------------------
 
-    async def snapshot(self, sandbox_id: str, *, memory: bool = False) -> str:
+    async def snapshot(self, sandbox_id: str, *, memory: bool = False, transient: bool = False) -> str:
         if memory:  # the engine's checkpoints need CRIU and an experimental daemon (not Feature.SNAPSHOT_MEMORY)
             raise BackendError("the docker backend keeps no memory in snapshots")
         with _reported(f"taking a snapshot of sandbox {sandbox_id}"), _engine_errors():

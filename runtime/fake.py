@@ -62,6 +62,7 @@ class FakeBackend:
         self._taken_from: dict[str, str] = {}  # snapshot → the template of the sandbox it was taken of
         self._kept_memory: set[str] = set()  # snapshots taken with memory
         self._released: set[str] = set()  # snapshots deleted once nothing stands on them
+        self._transient: set[str] = set()  # a fork's snapshots: released at the latest by reconcile
 
     def _get(self, sandbox_id: str) -> _Sandbox:
         found = self._sandboxes.get(sandbox_id)
@@ -137,7 +138,7 @@ class FakeBackend:
             (limits.disk_mb or 1024) << 20,
         )
 
-    async def snapshot(self, sandbox_id: str, *, memory: bool = False) -> str:
+    async def snapshot(self, sandbox_id: str, *, memory: bool = False, transient: bool = False) -> str:
         sandbox = self._get(sandbox_id)
         next_state(sandbox.state, Action.SNAPSHOT)
         if memory and Feature.SNAPSHOT_MEMORY not in self.features:
@@ -149,6 +150,8 @@ class FakeBackend:
         self._taken_from[snapshot_id] = sandbox.spec.template
         if memory:
             self._kept_memory.add(snapshot_id)
+        if transient:
+            self._transient.add(snapshot_id)
         return snapshot_id
 
     async def release_snapshot(self, snapshot_id: str) -> None:
@@ -171,6 +174,7 @@ class FakeBackend:
         del self._taken_from[snapshot_id]
         self._kept_memory.discard(snapshot_id)
         self._released.discard(snapshot_id)
+        self._transient.discard(snapshot_id)
         return True
 
     async def update_network(
@@ -188,6 +192,8 @@ class FakeBackend:
         return "127.0.0.1", port
 
     async def reconcile(self) -> ReconcileReport:
+        for snapshot_id in sorted(self._transient & set(self.templates)):
+            await self.release_snapshot(snapshot_id)
         return ReconcileReport(tuple(sorted(self._sandboxes)), ())
 
     # Test helpers standing in for the agent's file API.

@@ -161,3 +161,13 @@ def test_the_table_notes_what_merging_held_and_cost_and_the_density_it_gives() -
     assert "- crun: ksmd shared 10 MiB of pages, settled in 12 s, then used 3.2% of a core" in text
     assert "at that, 2457 idle sandboxes in 24 GiB" in text
     assert "- docker: no same-page merging; at that, 2457 idle sandboxes in 24 GiB" in text
+
+
+def test_a_refused_snapshot_is_shown_with_its_error_and_taken_ones_get_ratios() -> None:
+    raw = _raw(0.004)
+    raw |= {"snapshot": [0.3, 0.4, 0.5], "snapshot_create_to_first_run": [0.2, 0.3, 0.4]}
+    results = backends.summarise(raw)
+    assert results["snapshot_create_to_first_run"]["p50_ms"] == pytest.approx(300.0)
+    assert backends.ratios(results, FLOORS)["snapshot"] == pytest.approx(400.0 / 0.2)
+    refused = _raw(0.004) | {"snapshot_error": "SandboxException: 501: not implemented"}
+    assert backends.summarise(refused)["snapshot"] == {"error": "SandboxException: 501: not implemented"}

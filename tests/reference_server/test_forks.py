@@ -135,3 +135,13 @@ async def test_a_snapshot_keeps_memory_where_it_can_and_says_no_where_asked_and_
     assert (await plane.client.post(f"/sandboxes/{source}/pause", json={"memory": False}, headers=A)).status_code == 204
     assert await take({}) not in plane.backend._kept_memory
     refused(await plane.client.post(f"/sandboxes/{source}/snapshots", json={"memory": True}, headers=A), 409)
+
+
+async def test_a_forks_snapshot_is_released_by_reconcile_when_the_server_stopped_first(plane: Plane) -> None:
+    with_memory_snapshots(plane)
+    source = (await plane.create())["sandboxID"]
+    await plane.backend.snapshot(source, memory=True, transient=True)  # a fork cut short before its release
+    snapshots = [name for name in plane.backend.templates if name.startswith("snap-")]
+    assert len(snapshots) == 1
+    await plane.backend.reconcile()
+    assert [name for name in plane.backend.templates if name.startswith("snap-")] == []

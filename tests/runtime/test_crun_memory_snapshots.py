@@ -17,7 +17,7 @@ from contract.protocol import ENVD_PORT
 from runtime.backend import Feature, Limits, SandboxSpec, State, TransitionError
 from runtime.crun import CrunBackend
 
-from .test_crun import _holder, _leftovers, _needs_checkpoints, backend, run, shell, started, state_dir
+from .test_crun import _holder, _leftovers, _needs_checkpoints, backend, crun_backend, run, shell, started, state_dir
 
 __all__ = ["backend", "state_dir"]  # the fixtures, shared with test_crun
 
@@ -130,3 +130,24 @@ def test_memory_pauses_and_resumes_in_parallel(backend: CrunBackend, state_dir: 
     for sandbox_id in ids:
         assert run(backend.kill(sandbox_id))
     assert _leftovers(state_dir, ids) == []
+
+
+def test_a_forks_snapshot_left_by_a_crash_is_released_at_reconcile(state_dir: Path) -> None:
+    """A server that stopped between a fork's snapshot and its release: the next reconcile releases it."""
+    _needs_checkpoints()
+    first = crun_backend(state_dir)
+    started(first, "ms5")
+    snapshot = run(first.snapshot("ms5", memory=True, transient=True))
+    run(first.create(SandboxSpec("ms6", snapshot, limits=Limits(cpu_count=1, memory_mb=256, pids=128))))
+    run(first.start("ms6"))
+    folder = state_dir / "snapshots" / snapshot
+    assert (folder / "memory").is_dir()
+    # The server stops here (its release never ran); the next one reconciles.
+    second = crun_backend(state_dir)
+    run(second.reconcile())
+    assert folder.is_dir(), "ms6 stands on its files"
+    assert not (folder / "memory").exists(), "its memory is released"
+    assert run(second.kill("ms6"))
+    assert not folder.exists()
+    assert run(second.kill("ms5"))
+    assert _leftovers(state_dir, ["ms5", "ms6"]) == []
