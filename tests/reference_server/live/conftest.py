@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from conformance._backend_features import explain_missing, managed_features
 from conformance._cases import Case
 from conformance._clients import NodeClients, PythonClients, ensure_node_clients, ensure_python_clients
 from conformance._endpoint import ManagedServer
@@ -107,12 +108,28 @@ def check_case(request: pytest.FixtureRequest, runner: ScenarioRunner, flavour: 
     elif request.node.callspec.params["backend_server"] == DEFAULT_BACKEND:
         verdict(request.getfixturevalue("default_run"), flavour, case)
         return
+    backend = request.node.callspec.params["backend_server"]
+    # A case that needs a feature this backend lacks must fail with the declared refusal, which the
+    # harness then reports as unsupported (conformance/backend-features.json); anything else fails.
+    lacking = explain_missing(managed_features(backend), case=case.name)
     try:
         case.check(runner(flavour, case.scenario, CASE_TIMEOUT_S), runner.work(flavour, case.scenario))
-    except Exception as exc:  # the server's side of it: its log goes when the server stops
-        server: LiveServer = request.getfixturevalue("backend_server")
-        exc.add_note(f"the server's log, last {SERVER_LOG_LINES} lines:\n{log_tail(server, SERVER_LOG_LINES)}")
+    except AssertionError as exc:
+        if any(re.search(rf"\b{need.upstream_status}\b", str(exc)) for need in lacking):
+            return
+        _add_server_log(request, exc)
         raise
+    except Exception as exc:
+        _add_server_log(request, exc)
+        raise
+    if lacking:
+        pytest.fail(f"{backend} is declared to lack {', '.join(n.feature for n in lacking)}, yet {case.name} passed")
+
+
+def _add_server_log(request: pytest.FixtureRequest, exc: BaseException) -> None:
+    """The server's side of a failure: its log goes when the server stops."""
+    server: LiveServer = request.getfixturevalue("backend_server")
+    exc.add_note(f"the server's log, last {SERVER_LOG_LINES} lines:\n{log_tail(server, SERVER_LOG_LINES)}")
 
 
 def log_tail(server: LiveServer, lines: int) -> str:
