@@ -90,7 +90,9 @@ class CrunCommand:
         ``config`` is CRIU's option file. The restored init's standard streams are the ones this
         call gives (crun re-attaches the pipes it recorded): the log's writer, as at create.
         """
-        argv = self.argv("restore", "--detach", "--image-path", str(images), "--bundle", str(bundle), container)
+        argv = self.argv(
+            "restore", "--detach", "--file-locks", "--image-path", str(images), "--bundle", str(bundle), container
+        )
         await self._spawn_container(bundle, argv, log, f"restore failed for {container}", config=config)
 
     async def checkpoint(self, container: str, images: Path, *, config: Path, leave_running: bool = False) -> None:
@@ -99,7 +101,8 @@ class CrunCommand:
         ``leave_running``: it stays, in the state it was (a frozen one stays frozen).
         """
         kept = ("--leave-running",) if leave_running else ()
-        await self._checked("checkpoint", *kept, "--image-path", str(images), container, config=config)
+        # --file-locks on the command line: crun sets CRIU's flag from it, over the option file's.
+        await self._checked("checkpoint", *kept, "--file-locks", "--image-path", str(images), container, config=config)
 
     def pid(self, container: str) -> int:
         """The container's init, as the host sees it (BackendError when the runtime knows none)."""
@@ -248,7 +251,8 @@ class CrunBackend(OciBackend):
 #   host's nor the peers' side must be frozen meanwhile; listening sockets are kept;
 # - network-lock skip: with no connection kept there is nothing to lock (and no iptables needed);
 # - skip-in-flight: a connection half-open at that moment is dropped, its client retries;
-# - file-locks: flock/fcntl locks held inside the sandbox are kept (without it CRIU refuses them).
+# - file-locks: flock/fcntl locks held inside the sandbox are kept (without it CRIU refuses them);
+#   crun also passes its own flag for it (``--file-locks``), which wins over this file.
 CRIU_OPTIONS = "tcp-close\nnetwork-lock skip\nskip-in-flight\nfile-locks\n"
 
 

@@ -151,3 +151,33 @@ def test_a_forks_snapshot_left_by_a_crash_is_released_at_reconcile(state_dir: Pa
     assert not folder.exists()
     assert run(second.kill("ms5"))
     assert _leftovers(state_dir, ["ms5", "ms6"]) == []
+
+
+# A process holding an flock; real newlines in its program (python3 -c takes them as lines).
+_LOCKER_PY = (
+    "import fcntl, time\nf = open('/tmp/held.lock', 'w')\nfcntl.flock(f, fcntl.LOCK_EX)\nwhile True: time.sleep(1)"
+)
+_LOCKER = f'nohup python3 -c "{_LOCKER_PY}" >/dev/null 2>&1 & echo $!'
+
+
+def test_a_process_holding_a_file_lock_is_written_to_disk_with_it(backend: CrunBackend, state_dir: Path) -> None:
+    """Jupyter's kernels hold file locks: a memory pause and a memory snapshot keep them, never fall back."""
+    _needs_checkpoints()
+    host = started(backend, "ms7")
+    code, out, _ = shell(host, _LOCKER)
+    assert code == 0
+    pid = out.decode().split()[0]
+    held = f"kill -0 {pid} && ! flock -n /tmp/held.lock true && echo held"
+    taken = f"for i in $(seq 100); do {held} && exit 0; sleep 0.05; done; exit 1"  # once Python has started
+    assert shell(host, taken) == (0, b"held\n", b"")
+    run(backend.pause("ms7", memory=True))
+    assert backend._record("ms7").memory is not None, "written to disk, not frozen instead"
+    host = run(backend.resume("ms7")).host or ""
+    assert shell(host, held, fresh_connection=True) == (0, b"held\n", b"")
+    snapshot = run(backend.snapshot("ms7", memory=True))
+    run(backend.create(SandboxSpec("ms8", snapshot, limits=Limits(cpu_count=1, memory_mb=256, pids=128))))
+    assert shell(run(backend.start("ms8")).host or "", held, fresh_connection=True) == (0, b"held\n", b"")
+    for sandbox_id in ("ms8", "ms7"):
+        assert run(backend.kill(sandbox_id))
+    run(backend.delete_snapshot(snapshot))
+    assert _leftovers(state_dir, ["ms7", "ms8"]) == []
