@@ -37,14 +37,14 @@ const HEADER_ECHO = require('node:fs').readFileSync(
   'utf8',
 )
 
-// The MCP scenario's stdio server, and git's own settings that make github.com's URL of its
-// repository the volume's copy (the sandbox has no route out).
 // As in py_sync.py: a background loop (its pid in the tmpfs /tmp), a tmpfs file, a disk file.
 const FORK_SETUP = "nohup sh -c 'while :; do sleep 1; done' >/dev/null 2>&1 & echo $! > /tmp/loop.pid; " +
   'echo in-memory > /tmp/ram.txt; echo on-disk > /home/user/disk.txt'
 const FORK_ALIVE = 'kill -0 "$(cat /tmp/loop.pid)" && echo ok'
 const FORK_CHECK = `${FORK_ALIVE} && cat /tmp/ram.txt /home/user/disk.txt && echo "$E2B_SANDBOX_ID $FORK_ENV"`
 
+// The MCP scenario's stdio server, and git's own settings that make github.com's URL of its
+// repository the volume's copy (the sandbox has no route out).
 const MCP_ECHO = require('node:fs').readFileSync(
   require('node:path').join(__dirname, '..', 'in_sandbox', 'mcp_echo_server.py'),
   'utf8',
