@@ -676,35 +676,42 @@ class OciBackend:
         reconcile, E2B's nearest to a resume whose memory is gone.
         """
         assert record.memory is not None
-        assert record.network is not None
         await asyncio.to_thread(self._restore_for_boot, record)
-        home = self._home(record.sandbox_id)
-        container = f"e2b-{record.sandbox_id}-{secrets.token_hex(3)}"
-        record.container = container
-        self._save(record)
-        log = home / "logs" / "sandbox.log"
-        net = _network.SandboxNetwork.from_record(record.network)
         try:
-            await asyncio.to_thread(self._remove_cgroups, record.sandbox_id)  # a failed restore's
-            await self._runtime.restore(home / "bundle", container, log, Path(record.memory), config=config)
-            await asyncio.to_thread(self._plug, record, container)
-            await _health.wait_healthy(f"http://{net.sandbox_ip}:{ENVD_PORT}/health", log, None)
+            await self._restore_into_container(record, Path(record.memory), config)
         except BackendError as exc:
-            kept = home / "logs" / "restore.log"
-            with contextlib.suppress(OSError):  # CRIU's account, for the operator: the images go
-                os.replace(Path(record.memory) / "restore.log", kept)
-            _log.warning(
-                "restoring %s from its checkpoint failed, booting it afresh: %s%s",
-                record.sandbox_id,
-                exc,
-                _criu_errors(kept),
-            )
-            await self._stop_container(record)
+            _log.warning("restoring %s from its checkpoint failed, booting it afresh: %s", record.sandbox_id, exc)
             await asyncio.to_thread(self._remove_cgroups, record.sandbox_id)
             await self._boot(record)
         await asyncio.to_thread(shutil.rmtree, record.memory, True)
         record.memory = None
         self._save(record)
+
+    async def _restore_into_container(self, record: Record, images: Path, config: Path) -> None:
+        """``images`` running in a new container of the sandbox, plugged in and answering ``/health``.
+
+        A failure is a BackendError carrying CRIU's errors (its log is kept as
+        ``logs/restore.log``), with no container left; what to do then is the caller's.
+        """
+        assert record.network is not None
+        home = self._home(record.sandbox_id)
+        container = f"e2b-{record.sandbox_id}-{secrets.token_hex(3)}"
+        record.container = container
+        record.memory = str(images)
+        self._save(record)
+        log = home / "logs" / "sandbox.log"
+        net = _network.SandboxNetwork.from_record(record.network)
+        try:
+            await asyncio.to_thread(self._remove_cgroups, record.sandbox_id)  # a failed restore's
+            await self._runtime.restore(home / "bundle", container, log, images, config=config)
+            await asyncio.to_thread(self._plug, record, container)
+            await _health.wait_healthy(f"http://{net.sandbox_ip}:{ENVD_PORT}/health", log, None)
+        except BackendError as exc:
+            kept = home / "logs" / "restore.log"
+            with contextlib.suppress(OSError):  # CRIU's account, for the operator: the images go
+                os.replace(images / "restore.log", kept)
+            await self._stop_container(record)  # what a restore cut short left
+            raise BackendError(f"{exc}{_criu_errors(kept)}") from None
 
     def _snapshot_memory(self, template: str) -> Path | None:
         """The processes and memory a snapshot kept (``snapshot(memory=True)``), when ``template`` is one."""
@@ -740,22 +747,8 @@ class OciBackend:
         except (_criu_images.ImageError, OSError) as exc:
             raise BackendError(f"the memory of {record.template} cannot be restored here: {exc}") from None
         os.chmod(images, 0o711)  # noqa: S103 - as for a pause's images (``_checkpoint``)
-        container = f"e2b-{record.sandbox_id}-{secrets.token_hex(3)}"
-        record.container = container
-        record.memory = str(images)
-        self._save(record)
-        log = home / "logs" / "sandbox.log"
-        net = _network.SandboxNetwork.from_record(record.network)
         try:
-            await self._runtime.restore(home / "bundle", container, log, images, config=self._checkpoint_config)
-            await asyncio.to_thread(self._plug, record, container)
-            await _health.wait_healthy(f"http://{net.sandbox_ip}:{ENVD_PORT}/health", log, None)
-        except BackendError as exc:
-            kept = home / "logs" / "restore.log"
-            with contextlib.suppress(OSError):
-                os.replace(images / "restore.log", kept)
-            await self._stop_container(record)  # what a restore cut short left
-            raise BackendError(f"{exc}{_criu_errors(kept)}") from None
+            await self._restore_into_container(record, images, self._checkpoint_config)
         finally:
             await asyncio.to_thread(shutil.rmtree, images, True)
             record.memory = None
