@@ -15,7 +15,12 @@ against the SHA-256 that Debian's source index lists. The result lives in
 recipe; a ``complete`` file is written last, so a build cut short is redone, never used. Parallel
 servers (or CI and a server) build once: the build holds an ``flock`` on the tools folder.
 
-Nothing is installed system-wide but the Debian build packages (``BUILD_PACKAGES``).
+Nothing is installed system-wide but the Debian build packages (``BUILD_PACKAGES``) and CRIU's
+own cache of kernel facts, ``/run/criu.kdat`` (``keep_kernel_facts``): CRIU probes the kernel at
+every start (spawning ``iptables`` among others, about 30 ms of each checkpoint and restore here)
+unless that file holds the answers, and it writes the file itself only where ``/run`` is a tmpfs
+(so a reboot drops it). Where ``/run`` is not, as on this kind of host, the file is made here, in
+a mount namespace of its own with a tmpfs over ``/run``, and is made again once older than the boot.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ __all__ = [
     "ToolsError",
     "ensure",
     "find",
+    "keep_kernel_facts",
     "tools_dir",
 ]
 
@@ -120,6 +126,72 @@ class CheckpointTools:
     def env(self) -> dict[str, str]:
         """The environment of a ``crun`` call: libcriu starts ``criu`` from ``PATH`` (this one first)."""
         return {**os.environ, "PATH": f"{self.root / 'sbin'}:{os.environ.get('PATH', '/usr/sbin:/usr/bin')}"}
+
+
+# Where CRIU, run as root, reads and writes its kernel facts (its KERNDAT_CACHE_FILE).
+KERNEL_FACTS = Path("/run/criu.kdat")
+_TMPFS_MAGIC = 0x01021994
+# CRIU's probes, run where /run is a fresh tmpfs (so CRIU writes the facts), then the file printed.
+_PROBE_SCRIPT = (
+    'mount -t tmpfs -o size=1m,mode=0755 e2b-criu-kdat /run && "$1" check >/dev/null 2>&1; cat /run/criu.kdat'
+)
+
+
+def keep_kernel_facts(tools: CheckpointTools, target: Path = KERNEL_FACTS) -> bool:
+    """``target`` holds CRIU's kernel facts from this boot; True when it was (re)written now.
+
+    Nothing is done where ``target``'s folder is a tmpfs (CRIU keeps the file there itself) or
+    where the file is newer than the boot. A probe that fails leaves things as they are: the
+    cache only saves time, each CRIU run probes for itself without it. Written through a file
+    of this process's own and a rename, so parallel servers never show a half-written one.
+    """
+    if _is_tmpfs(target.parent) or _from_this_boot(target):
+        return False
+    proc = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", _PROBE_SCRIPT, "sh", str(tools.criu)],
+        capture_output=True,
+        env=tools.env(),
+        check=False,
+        timeout=60,
+    )
+    if proc.returncode != 0 or not proc.stdout:
+        return False
+    partial = target.with_name(f".{target.name}.e2b-{os.getpid()}")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(proc.stdout)
+    os.replace(partial, target)
+    return True
+
+
+def _is_tmpfs(folder: Path) -> bool:
+    try:
+        return _statfs_type(folder) == _TMPFS_MAGIC
+    except OSError:
+        return False
+
+
+def _statfs_type(folder: Path) -> int:
+    """The file system type of ``folder`` (statfs's f_type), as ``stat -f`` prints it."""
+    proc = subprocess.run(["stat", "-f", "-c", "%t", str(folder)], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise OSError(proc.stderr.strip())
+    return int(proc.stdout.strip(), 16)
+
+
+def _from_this_boot(path: Path) -> bool:
+    try:
+        info = path.stat()
+    except OSError:
+        return False
+    return info.st_size > 0 and info.st_mtime >= _boot_time()
+
+
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return float("inf")  # unknown: every file counts as older
 
 
 def _digest() -> str:

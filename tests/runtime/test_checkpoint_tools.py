@@ -5,7 +5,10 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
+import subprocess
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -81,3 +84,83 @@ def test_the_crun_entry_offers_memory_on_disk_only_where_the_tools_are(monkeypat
     monkeypatch.setattr(_checkpoint_tools, "find", lambda cache_root=None: CheckpointTools(Path("/nowhere")))
     assert Feature.PAUSE_MEMORY_ON_DISK in crun.FEATURES
     assert Feature.PAUSE_MEMORY in crun.FEATURES
+
+
+# -- CRIU's kernel facts ------------------------------------------------------------------
+
+_needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the probe runs in a mount namespace of its own (root)")
+
+
+def _fake_criu(folder: Path, writes: str) -> CheckpointTools:
+    """Tools whose ``criu check`` writes ``writes`` to /run/criu.kdat, with the type of /run it saw."""
+    (folder / "sbin").mkdir(parents=True)
+    script = folder / "sbin" / "criu"
+    script.write_text(f'#!/bin/sh\n[ "$1" = check ] || exit 2\n{writes}\n')
+    script.chmod(0o755)
+    return CheckpointTools(folder)
+
+
+@_needs_root
+def test_the_kernel_facts_are_probed_under_a_tmpfs_of_their_own_and_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_checkpoint_tools, "_is_tmpfs", lambda folder: False)  # as /run on this kind of host
+    tools = _fake_criu(tmp_path / "tools", 'printf "facts on %s" "$(stat -f -c %T /run)" > /run/criu.kdat')
+    target = tmp_path / "run" / "criu.kdat"
+    target.parent.mkdir()
+    host_run = sorted(os.listdir("/run"))
+    assert _checkpoint_tools.keep_kernel_facts(tools, target)
+    assert target.read_text() == "facts on tmpfs", "CRIU saw a tmpfs at /run, so it wrote its facts"
+    assert sorted(os.listdir("/run")) == host_run, "the host's /run never saw the probe"
+    assert os.listdir(target.parent) == ["criu.kdat"], "no partial file left"
+    assert target.stat().st_mode & 0o777 == 0o600
+    # From this boot: kept as it is.
+    assert not _checkpoint_tools.keep_kernel_facts(tools, target)
+    # Older than the boot (a host restarted with /run on disk) or empty: probed again.
+    os.utime(target, (0, 0))
+    assert _checkpoint_tools.keep_kernel_facts(tools, target)
+    target.write_bytes(b"")
+    assert _checkpoint_tools.keep_kernel_facts(tools, target)
+    assert target.read_text() == "facts on tmpfs"
+
+
+@_needs_root
+def test_a_probe_that_writes_nothing_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_checkpoint_tools, "_is_tmpfs", lambda folder: False)
+    tools = _fake_criu(tmp_path / "tools", "exit 1")
+    target = tmp_path / "run" / "criu.kdat"
+    target.parent.mkdir()
+    assert not _checkpoint_tools.keep_kernel_facts(tools, target)
+    assert os.listdir(target.parent) == []
+
+
+def test_where_the_folder_is_a_tmpfs_criu_keeps_its_facts_itself(tmp_path: Path) -> None:
+    assert _checkpoint_tools._is_tmpfs(Path("/dev/shm"))
+    assert not _checkpoint_tools._is_tmpfs(tmp_path / "missing")
+    tools = _fake_criu(tmp_path / "tools", "echo facts > /run/criu.kdat")
+    assert not _checkpoint_tools.keep_kernel_facts(tools, Path("/dev/shm/e2b-compat-test-criu.kdat"))
+    assert not Path("/dev/shm/e2b-compat-test-criu.kdat").exists()
+
+
+@_needs_root
+def test_the_built_criu_loads_the_facts_kept_for_it(tmp_path: Path) -> None:
+    """The real tools (CI builds them): after a backend's open, CRIU starts from the kept facts."""
+    tools = _checkpoint_tools.find()
+    if tools is None:
+        pytest.skip("the checkpoint tools are not built on this host (e2b-compat host prepare builds them)")
+    if not _checkpoint_tools._is_tmpfs(_checkpoint_tools.KERNEL_FACTS.parent):
+        _checkpoint_tools.KERNEL_FACTS.unlink(missing_ok=True)  # what the open must put back
+    # Not under pytest's private temp root: a backend's folder must be searchable by sandbox uids.
+    state = Path(tempfile.mkdtemp(prefix="e2b-compat-kdat-", dir="/var/tmp"))
+    try:
+        state.chmod(0o755)
+        crun.CrunBackend(state, checkpoint_tools=tools)
+    finally:
+        shutil.rmtree(state)
+    for _ in range(2):  # where /run is a tmpfs CRIU writes them at its first run
+        log = tmp_path / "check.log"
+        proc = subprocess.run(
+            [str(tools.criu), "check", "-v4", "--log-file", str(log)], env=tools.env(), capture_output=True, check=False
+        )
+    assert proc.returncode == 0, proc.stderr
+    assert f"Loaded kdat cache from {_checkpoint_tools.KERNEL_FACTS}" in log.read_text()
