@@ -120,21 +120,32 @@ async def test_a_snapshot_keeps_memory_where_it_can_and_says_no_where_asked_and_
         assert answer.status_code == 201, answer.text
         return str(answer.json()["snapshotID"])
 
+    async def stored() -> tuple[set[str], set[str]]:
+        """The snapshots the server recorded, and the ones the backend holds."""
+        return await plane.service.snapshots.all_ids(), {t for t in plane.backend.templates if t.startswith("snap-")}
+
+    async def refused_storing_nothing(body: object, status: int) -> None:
+        before = await stored()
+        refused(await plane.client.post(f"/sandboxes/{source}/snapshots", json=body, headers=A), status)
+        assert await stored() == before, f"a refused snapshot ({body}) left something behind"
+
     # Without the feature: the files only by default, and an explicit memory snapshot is refused.
     assert await take({}) not in plane.backend._kept_memory
-    refused(await plane.client.post(f"/sandboxes/{source}/snapshots", json={"memory": True}, headers=A), 501)
-    refused(await plane.client.post(f"/sandboxes/{source}/snapshots", json={"memory": "yes"}, headers=A), 400)
+    await refused_storing_nothing({"memory": True}, 501)
+    await refused_storing_nothing({"memory": "yes"}, 400)
+    await refused_storing_nothing({"memory": None, "name": 5}, 400)
     with_memory_snapshots(plane)
     assert await take({}) in plane.backend._kept_memory, "the API default is a full snapshot"
     assert await take({"memory": False}) not in plane.backend._kept_memory
     full = await take({"memory": True})
     assert full in plane.backend._kept_memory
+    await refused_storing_nothing({"memory": 1}, 400)
     made = (await plane.create(templateID=full))["sandboxID"]
     assert plane.backend._sandboxes[made].continued_from == full
     # A paused sandbox has no running processes to keep: files only by default, 409 when asked.
     assert (await plane.client.post(f"/sandboxes/{source}/pause", json={"memory": False}, headers=A)).status_code == 204
     assert await take({}) not in plane.backend._kept_memory
-    refused(await plane.client.post(f"/sandboxes/{source}/snapshots", json={"memory": True}, headers=A), 409)
+    await refused_storing_nothing({"memory": True}, 409)
 
 
 async def test_a_forks_snapshot_is_released_by_reconcile_when_the_server_stopped_first(plane: Plane) -> None:

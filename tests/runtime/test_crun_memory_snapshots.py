@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -130,6 +132,59 @@ def test_memory_pauses_and_resumes_in_parallel(backend: CrunBackend, state_dir: 
     for sandbox_id in ids:
         assert run(backend.kill(sandbox_id))
     assert _leftovers(state_dir, ids) == []
+
+
+def test_two_servers_fork_at_once(backend: CrunBackend, state_dir: Path) -> None:
+    """Two backends on their own folders (two servers on one host): snapshots and their new sandboxes at once.
+
+    Addresses and id ranges come from the host's registries, so all six sandboxes differ in both;
+    each new sandbox continues its own source's process under its own identity.
+    """
+    _needs_checkpoints()
+    other_dir = Path(tempfile.mkdtemp(prefix="e2b-compat-crun-", dir="/var/tmp"))
+    other_dir.chmod(0o755)
+    other = crun_backend(other_dir)
+    servers = {"tf1": backend, "tf2": other}
+    try:
+        sources = {i: started(b, i) for i, b in servers.items()}
+        pids = {i: _holder(host, f"holder-{i}") for i, host in sources.items()}
+
+        async def snapshots() -> list[str]:
+            return await asyncio.gather(*(b.snapshot(i, memory=True) for i, b in servers.items()))
+
+        taken = dict(zip(servers, run(snapshots()), strict=True))
+        forks = {f"{i}-{n}": (servers[i], taken[i], i) for i in servers for n in ("a", "b")}
+
+        async def made() -> list[str]:
+            async def one(sandbox_id: str, server: CrunBackend, snapshot: str) -> str:
+                await server.create(SandboxSpec(sandbox_id, snapshot, limits=Limits(cpu_count=1, memory_mb=256)))
+                return (await server.start(sandbox_id)).host or ""
+
+            return await asyncio.gather(*(one(f, b, snap) for f, (b, snap, _) in forks.items()))
+
+        hosts = dict(zip(forks, run(made()), strict=True))
+        assert len({*hosts.values(), *sources.values()}) == 6, "each its own address"
+        bases = {servers[i]._record(i).ids for i in servers}
+        for fork, (server, _, source) in forks.items():
+            code, out, err = shell(hosts[fork], f"kill -0 {pids[source]} && {_IDENTITY}", fresh_connection=True)
+            assert code == 0, err
+            lines = out.decode().split("\n")
+            assert lines[:2] == [fork, fork]
+            assert _uid_map_base(lines[3]) == server._record(fork).ids
+            bases.add(server._record(fork).ids)
+        assert len(bases) == 6, "each its own id range"
+        for sandbox_id in sources:
+            assert shell(sources[sandbox_id], f"kill -0 {pids[sandbox_id]}", fresh_connection=True)[0] == 0
+    finally:
+        for folder, server in ((state_dir, backend), (other_dir, other)):
+            for info in run(server.list()):
+                run(server.kill(info.sandbox_id))
+            for snapshot in (folder / "snapshots").glob("snap-*"):
+                run(server.delete_snapshot(snapshot.name))
+        left = _leftovers(state_dir, ["tf1", "tf1-a", "tf1-b"]) + _leftovers(other_dir, ["tf2", "tf2-a", "tf2-b"])
+        if not left:
+            shutil.rmtree(other_dir)
+    assert left == []
 
 
 def test_a_forks_snapshot_left_by_a_crash_is_released_at_reconcile(state_dir: Path) -> None:
