@@ -350,7 +350,12 @@ def set_policy(net: SandboxNetwork, *, egress: bool, policy: EgressPolicy | None
 
 
 def create(
-    net: SandboxNetwork, *, egress: bool = False, policy: EgressPolicy | None = None, attach_pid: int | None = None
+    net: SandboxNetwork,
+    *,
+    egress: bool = False,
+    policy: EgressPolicy | None = None,
+    attach_pid: int | None = None,
+    rules_applied: bool = False,
 ) -> None:
     """Create the netns and the veth pair; without ``egress`` the sandbox has no default route.
 
@@ -358,19 +363,16 @@ def create(
     name the same way (the namespace itself ends with the last process in it).
 
     Needs the host firewall (`ensure_host_firewall`): the first step sets the host end's
-    membership of the egress set, which fails while the table is missing, before anything
-    exists. On any later failure what was made is destroyed again; a crash in between is
-    cleaned up by ``destroy`` from the record.
+    membership of the egress set (``apply_rules``; skipped when the caller did it already,
+    ``rules_applied``), which fails while the table is missing, before anything exists. On any
+    later failure what was made is destroyed again; a crash in between is cleaned up by
+    ``destroy`` from the record.
     """
     taken = [name for name, present in exists(net).items() if present]
     if taken:
         raise NamesTakenError(f"{net.netns}/{net.host_if}: {', '.join(taken)} already exist(s)")
-    try:
-        _check(["nft", "-f", "-"], _egress_script(net.host_if, allow=egress) + policy_script(net.host_if, policy))
-    except NetworkError as exc:
-        if not host_firewall_present():
-            raise NetworkError(f"the host firewall (table {_TABLE}) is missing: call ensure_host_firewall()") from exc
-        raise
+    if not rules_applied:
+        apply_rules(net, egress=egress, policy=policy)
     try:
         _check(["ip", "-batch", "-"], host_batch(net, attach_pid))
         Path(f"/proc/sys/net/ipv4/conf/{net.host_if}/rp_filter").write_text("1\n")
@@ -382,10 +384,29 @@ def create(
         raise
 
 
-def destroy(net: SandboxNetwork) -> None:
-    """Remove the veth pair, the netns name and the egress membership; missing pieces are fine."""
+def apply_rules(net: SandboxNetwork, *, egress: bool = False, policy: EgressPolicy | None = None) -> None:
+    """The host firewall's entries for the sandbox's host end: its egress membership and policy.
+
+    They name the interface, which need not exist yet, so a caller may set them while the
+    sandbox's namespace is still being made and then ``create(..., rules_applied=True)``.
+    Setting them again replaces them; ``destroy`` removes them.
+    """
+    try:
+        _check(["nft", "-f", "-"], _egress_script(net.host_if, allow=egress) + policy_script(net.host_if, policy))
+    except NetworkError as exc:
+        if not host_firewall_present():
+            raise NetworkError(f"the host firewall (table {_TABLE}) is missing: call ensure_host_firewall()") from exc
+        raise
+
+
+def destroy(net: SandboxNetwork, *, keep_rules: bool = False) -> None:
+    """Remove the veth pair, the netns name and the egress membership; missing pieces are fine.
+
+    ``keep_rules``: the host firewall's entries stay (``apply_rules``), for a sandbox unplugged
+    only while its processes are written to disk, whose next plug sets them again.
+    """
     _run(["ip", "-force", "-batch", "-"], f"link del dev {net.host_if}\nnetns del {net.netns}\n")
-    if shutil.which("nft") is not None:
+    if not keep_rules and shutil.which("nft") is not None:
         done = _run(["nft", "-f", "-"], _egress_script(net.host_if, allow=False) + policy_script(net.host_if, None))
         if done.returncode != 0 and host_firewall_present():
             raise NetworkError(f"removing {net.host_if} from the egress set failed: {done.stderr.strip()}")

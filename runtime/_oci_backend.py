@@ -48,7 +48,7 @@ import subprocess
 from collections.abc import Awaitable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, cast
 
 import httpx
 
@@ -80,6 +80,7 @@ CGROUP_PARENT = "e2b-compat"
 _CGROUP_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "cpuset", "devices", "freezer", "blkio", "hugetlb")
 _RUNTIME_CHILD_CGROUPS = (".proxy-crun",)  # crun 1.21's, left by a restore that failed
 _MEMORY = "memory"  # a checkpointed sandbox's processes and memory, in its folder
+_IMAGES_GONE = ".memory-gone-"  # restored images being removed in the background (``_discard_images``)
 _LAST_SNAPSHOT = "last-snapshot"  # in a sandbox's folder: its newest snapshot's id, to share files with
 _RELEASED = "released"  # in a snapshot's folder: nobody creates from it again; it goes once nothing stands on it
 _TRANSIENT = "transient"  # in a snapshot's folder: a fork's, released after its creates or at the next reconcile
@@ -88,6 +89,8 @@ _KILL_ATTEMPTS = 4  # a failing release is tried this often, pausing 0.25, 0.5, 
 _KILL_BACKOFF_S = 0.25
 QUARANTINE = "quarantine"  # <state>/quarantine/<id>/: what reconcile could not re-create, files kept
 
+_T = TypeVar("_T")
+_U = TypeVar("_U")
 _log = logging.getLogger(__name__)
 
 
@@ -136,7 +139,7 @@ class ContainerRuntime(Protocol):
 
     async def checkpoint(self, container: str, images: Path, *, config: Path, leave_running: bool = False) -> None: ...
 
-    async def restore(self, bundle: Path, container: str, log: Path, images: Path, *, config: Path) -> None: ...
+    async def restore(self, bundle: Path, container: str, log: Path, images: Path, *, config: Path) -> int: ...
 
 
 @dataclass
@@ -647,7 +650,8 @@ class OciBackend:
         images = self._home(record.sandbox_id) / _MEMORY
         await asyncio.to_thread(shutil.rmtree, images, True)  # what a failed attempt left
         images.mkdir(mode=0o700)
-        await asyncio.to_thread(_network.destroy, _network.SandboxNetwork.from_record(record.network))
+        net = _network.SandboxNetwork.from_record(record.network)
+        await asyncio.to_thread(functools.partial(_network.destroy, net, keep_rules=True))  # a plug sets them again
         try:
             await self._runtime.checkpoint(record.container, images, config=config)
         except BackendError as exc:
@@ -656,7 +660,7 @@ class OciBackend:
                 os.replace(images / "dump.log", kept)
             _log.warning("checkpointing %s failed, frozen instead: %s%s", record.sandbox_id, exc, _criu_errors(kept))
             await asyncio.to_thread(shutil.rmtree, images, True)
-            await asyncio.to_thread(self._plug, record, record.container)
+            await asyncio.to_thread(functools.partial(self._plug, record, record.container, rules_applied=True))
             await self._runtime.freeze(record.container)
             return
         record.container = None  # the checkpoint ended it
@@ -683,9 +687,22 @@ class OciBackend:
             _log.warning("restoring %s from its checkpoint failed, booting it afresh: %s", record.sandbox_id, exc)
             await asyncio.to_thread(self._remove_cgroups, record.sandbox_id)
             await self._boot(record)
-        await asyncio.to_thread(shutil.rmtree, record.memory, True)
+        self._discard_images(Path(record.memory))
         record.memory = None
         self._save(record)
+
+    def _discard_images(self, images: Path) -> None:
+        """Restored images go: renamed at once, their ~26 MB removed in the background, off the resume's path.
+
+        A removal a crash cut short is finished by reconcile (``_IMAGES_GONE``).
+        """
+        gone = images.with_name(f"{_IMAGES_GONE}{secrets.token_hex(4)}")
+        try:
+            os.rename(images, gone)
+        except OSError:
+            shutil.rmtree(images, ignore_errors=True)
+            return
+        asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, gone, True)
 
     async def _restore_into_container(self, record: Record, images: Path, config: Path) -> None:
         """``images`` running in a new container of the sandbox, plugged in and answering ``/health``.
@@ -701,10 +718,16 @@ class OciBackend:
         self._save(record)
         log = home / "logs" / "sandbox.log"
         net = _network.SandboxNetwork.from_record(record.network)
+        egress, policy = bool(record.spec["egress"]), _policy(record.spec)
         try:
             await asyncio.to_thread(self._remove_cgroups, record.sandbox_id)  # a failed restore's
-            await self._runtime.restore(home / "bundle", container, log, images, config=config)
-            await asyncio.to_thread(self._plug, record, container)
+            # The host firewall's entries name the veth, not the container: set while CRIU runs
+            # (nft takes ~10 ms here), so only the veth itself waits for the restored namespace.
+            restored, _ = await _together(
+                self._runtime.restore(home / "bundle", container, log, images, config=config),
+                asyncio.to_thread(functools.partial(_network.apply_rules, net, egress=egress, policy=policy)),
+            )
+            await asyncio.to_thread(functools.partial(self._plug, record, container, pid=restored, rules_applied=True))
             await _health.wait_healthy(f"http://{net.sandbox_ip}:{ENVD_PORT}/health", log, None)
         except BackendError as exc:
             kept = home / "logs" / "restore.log"
@@ -750,7 +773,7 @@ class OciBackend:
         try:
             await self._restore_into_container(record, images, self._checkpoint_config)
         finally:
-            await asyncio.to_thread(shutil.rmtree, images, True)
+            self._discard_images(images)
             record.memory = None
             self._save(record)
 
@@ -986,13 +1009,14 @@ class OciBackend:
         assert record.container is not None
         assert record.network is not None
         images.mkdir(mode=0o700, parents=True)
-        await asyncio.to_thread(_network.destroy, _network.SandboxNetwork.from_record(record.network))
+        net = _network.SandboxNetwork.from_record(record.network)
+        await asyncio.to_thread(functools.partial(_network.destroy, net, keep_rules=True))
         try:
             await self._runtime.checkpoint(record.container, images, config=config, leave_running=True)
         except BackendError as exc:
             raise BackendError(f"{exc}{_criu_errors(images / 'dump.log')}") from None
         finally:
-            await asyncio.to_thread(self._plug, record, record.container)
+            await asyncio.to_thread(functools.partial(self._plug, record, record.container, rules_applied=True))
 
     def _previous_snapshot(self, sandbox_id: str) -> Path | None:
         """The writable layer of this sandbox's last snapshot, when it still exists."""
@@ -1133,6 +1157,8 @@ class OciBackend:
         cleaned += _addresses.sweep(
             self._addresses, self._owner, kept=kept_subnets, known_netns=known_netns, pool=self._pool
         )
+        for gone in (self._dir / "sandboxes").glob(f"*/{_IMAGES_GONE}*"):  # a background removal a crash cut short
+            shutil.rmtree(gone, ignore_errors=True)
         for leftover in (self._dir / "sandboxes").iterdir():
             if not (leftover / "record.json").exists() and not _hostfs.mounts_under(leftover):
                 shutil.rmtree(leftover, ignore_errors=True)  # a create that died before its record
@@ -1245,18 +1271,28 @@ class OciBackend:
             return False
         return _network.attached_to(_network.SandboxNetwork.from_record(record.network), pid)
 
-    def _plug(self, record: Record, container: str) -> None:
+    def _plug(self, record: Record, container: str, *, pid: int | None = None, rules_applied: bool = False) -> None:
         """The runtime's new network namespace gets the sandbox's name, veth pair and rules.
 
         What a previous boot left under the name (a namespace whose processes ended, held by the
         name alone) is removed first, so the name always points at the running container's.
+        ``pid``: the container's init when the caller knows it (else the runtime is asked);
+        ``rules_applied``: the host firewall's entries were set already (``_network.apply_rules``).
         """
         assert record.network is not None
-        pid = self._runtime.pid(container)
+        if pid is None:
+            pid = self._runtime.pid(container)
         net = _network.SandboxNetwork.from_record(record.network)
         if any(_network.exists(net).values()):  # looked at without a command: a destroy costs ~25 ms
             _network.destroy(net)
-        _network.create(net, egress=bool(record.spec["egress"]), policy=_policy(record.spec), attach_pid=pid)
+            rules_applied = False  # the destroy took them with it
+        _network.create(
+            net,
+            egress=bool(record.spec["egress"]),
+            policy=_policy(record.spec),
+            attach_pid=pid,
+            rules_applied=rules_applied,
+        )
 
     def _mapped(self, record: Record) -> tuple[tuple[str, str | None], ...]:
         """Each lower and where the overlay sees it: through its idmapped bind (None: as it is), as ``_map_lowers``."""
@@ -1327,10 +1363,16 @@ class OciBackend:
 
 async def _both(first: Awaitable[None], second: Awaitable[None]) -> None:
     """Both run to their end (neither is left running on its own); then the first failure is raised."""
-    results = await asyncio.gather(first, second, return_exceptions=True)
-    for result in results:
+    await _together(first, second)
+
+
+async def _together(first: Awaitable[_T], second: Awaitable[_U]) -> tuple[_T, _U]:
+    """``_both``, with their results."""
+    one, two = await asyncio.gather(first, second, return_exceptions=True)
+    for result in (one, two):
         if isinstance(result, BaseException):
             raise result
+    return cast("_T", one), cast("_U", two)
 
 
 def _link_or_copy(source: str, target: str) -> None:

@@ -84,16 +84,35 @@ class CrunCommand:
         argv = self.argv("create", *passed, "--bundle", str(bundle), container)
         await self._spawn_container(bundle, argv, log, f"create failed for {container}", ready_fd=ready_fd)
 
-    async def restore(self, bundle: Path, container: str, log: Path, images: Path, *, config: Path) -> None:
+    async def restore(self, bundle: Path, container: str, log: Path, images: Path, *, config: Path) -> int:
         """The container of ``images`` (a ``checkpoint``) running again, its processes where they were.
 
         ``config`` is CRIU's option file. The restored init's standard streams are the ones this
         call gives (crun re-attaches the pipes it recorded): the log's writer, as at create.
+        Returns the restored init's pid, as the host sees it (from crun's pid file, which saves
+        asking ``crun state`` for it afterwards).
         """
+        pid_file = images / "restored.pid"
         argv = self.argv(
-            "restore", "--detach", "--file-locks", "--image-path", str(images), "--bundle", str(bundle), container
+            "restore",
+            "--detach",
+            "--file-locks",
+            "--pid-file",
+            str(pid_file),
+            "--image-path",
+            str(images),
+            "--bundle",
+            str(bundle),
+            container,
         )
         await self._spawn_container(bundle, argv, log, f"restore failed for {container}", config=config)
+        try:
+            pid = int(pid_file.read_text().strip() or "0")
+        except (OSError, ValueError):
+            pid = 0
+        if pid <= 0:
+            raise BackendError(f"restore of {container}: crun wrote no pid")
+        return pid
 
     async def checkpoint(self, container: str, images: Path, *, config: Path, leave_running: bool = False) -> None:
         """The container's processes and memory written to ``images``; the container is gone after.

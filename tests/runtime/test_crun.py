@@ -465,6 +465,19 @@ def test_network_policy_is_applied_and_updated(backend: CrunBackend) -> None:
     run(backend.update_network("net1", allow_internet_access=True, allow_out=(), deny_out=()))
     assert f"p_{net.host_if}" not in table()
     assert shell(host, "ip route | grep -c default || true")[1].strip() == b"1", "egress on: a default route"
+    if _checkpoint_tools.find() is not None:
+        # A memory pause unplugs the veth but keeps its entries; the resume sets them while CRIU
+        # restores and plugs the veth back into the restored namespace (found by crun's pid file).
+        run(backend.pause("net1", memory=True))
+        assert backend._record("net1").memory is not None
+        assert not any(_network.exists(net).values())
+        assert net.host_if in table(), "kept while paused"
+        host = run(backend.resume("net1")).host or ""
+        record = backend._record("net1")
+        assert backend._plugged(record, record.container or "")
+        assert net.host_if in table()
+        assert shell(host, "ip route | grep -c default || true", fresh_connection=True)[1].strip() == b"1"
+        assert not list(backend._home("net1").glob(".memory-gone-*")), "the images' removal finished"
     run(backend.kill("net1"))
     assert net.host_if not in table()
 
@@ -555,7 +568,12 @@ def test_snapshots_share_unchanged_files(backend: CrunBackend, state_dir: Path) 
 
 # -- memory written to disk (the checkpoint tools: runtime._checkpoint_tools) ---------------
 
-_HOLDER = "python3 -c 'import time\nheld = bytearray(64 << 20)\nwhile True: time.sleep(1)' {marker}"
+# The 64 MiB are written (zeroed) before the ready file appears: a checkpoint taken earlier
+# would find the pages not yet touched, which CRIU does not write.
+_HOLDER = (
+    "python3 -c 'import sys, time\nheld = bytearray(64 << 20)\nopen(\"/tmp/\" + sys.argv[1] + \".ready\", \"w\").close()"
+    "\nwhile True: time.sleep(1)' {marker}"
+)
 
 
 def _needs_checkpoints() -> None:
@@ -575,9 +593,11 @@ def test_ci_builds_the_checkpoint_tools() -> None:
 
 
 def _holder(host: str, marker: str) -> str:
-    """A process holding 64 MiB in the sandbox, and a file in its tmpfs: the pid."""
+    """A process holding 64 MiB in the sandbox (once this returns), and a file in its tmpfs: the pid."""
     code, out, _ = shell(
-        host, f"nohup {_HOLDER.format(marker=marker)} >/dev/null 2>&1 & echo $!; echo in-ram > /tmp/ram.txt"
+        host,
+        f"nohup {_HOLDER.format(marker=marker)} >/dev/null 2>&1 & echo $!; "
+        f"while [ ! -e /tmp/{marker}.ready ]; do sleep 0.02; done; echo in-ram > /tmp/ram.txt",
     )
     assert code == 0
     return out.decode().split()[0]
@@ -698,7 +718,11 @@ def test_reconcile_plugs_back_a_sandbox_a_crash_left_unplugged_and_drops_stray_i
     stray.mkdir()
     (stray / "core-1.img").write_bytes(b"cut short")
     second._runtime.delete(second._record("ck6").container or "")
+    gone = second._home("ck6") / ".memory-gone-1a2b3c4d"  # a background removal a crash cut short
+    gone.mkdir()
+    (gone / "pages-1.img").write_bytes(b"restored already")
     assert "ck6" in run(crun_backend(state_dir).reconcile()).stopped
     assert not stray.exists()
+    assert not gone.exists()
     assert run(second.kill("ck6"))
     assert _leftovers(state_dir, ["ck6"]) == []

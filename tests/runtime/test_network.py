@@ -542,6 +542,34 @@ def _egress_elements() -> list[str]:
 
 
 @needs_root
+def test_rules_set_ahead_and_kept_over_an_unplug(pair: Pair) -> None:
+    """A restore's order: the firewall's entries first (the veth does not exist yet), the veth after.
+
+    An unplug that keeps them (a checkpoint's) leaves the membership for the next plug; a full
+    destroy takes it out.
+    """
+    net = network.plan(f"{RUN}-ahead", pair.subnets.take())
+    try:
+        network.apply_rules(net, egress=True)
+        assert net.host_if in _egress_elements(), "an entry may name an interface that is not there yet"
+        assert network.exists(net) == {"netns": False, "host_if": False}
+        network.create(net, egress=True, rules_applied=True)
+        assert network.exists(net) == {"netns": True, "host_if": True}
+        network.destroy(net, keep_rules=True)
+        assert network.exists(net) == {"netns": False, "host_if": False}
+        assert net.host_if in _egress_elements(), "kept for the next plug"
+        network.create(net, egress=True, rules_applied=True)
+        assert in_netns(net.netns, "-4", "route", "show", "default").split()[:3] == ["default", "via", str(net.host_ip)]
+        # Set again without egress: the membership goes, whether or not it was there.
+        network.apply_rules(net, egress=False)
+        assert net.host_if not in _egress_elements()
+    finally:
+        network.destroy(net)
+    assert net.host_if not in _egress_elements()
+    assert network.exists(net) == {"netns": False, "host_if": False}
+
+
+@needs_root
 def test_create_refuses_names_that_exist(pair: Pair) -> None:
     with pytest.raises(NamesTakenError, match="netns, host_if already exist"):
         network.create(pair.a)
