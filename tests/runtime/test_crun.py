@@ -571,8 +571,8 @@ def test_snapshots_share_unchanged_files(backend: CrunBackend, state_dir: Path) 
 # The 64 MiB are written (zeroed) before the ready file appears: a checkpoint taken earlier
 # would find the pages not yet touched, which CRIU does not write.
 _HOLDER = (
-    "python3 -c 'import sys, time\nheld = bytearray(64 << 20)\nopen(\"/tmp/\" + sys.argv[1] + \".ready\", \"w\").close()"
-    "\nwhile True: time.sleep(1)' {marker}"
+    "python3 -c 'import sys, time\nheld = bytearray(64 << 20)"
+    '\nopen("/tmp/" + sys.argv[1] + ".ready", "w").close()\nwhile True: time.sleep(1)\' {marker}'
 )
 
 

@@ -195,7 +195,31 @@ def test_default_route_only_with_egress() -> None:
     net = network.plan("abc", _net("10.201.0.4/30"))
     assert "default" not in network.sandbox_batch(net, egress=False)
     assert f"route add default via 10.201.0.5 dev {net.sandbox_if}\n" in network.sandbox_batch(net, egress=True)
-    assert f"peer name {net.sandbox_if} netns e2b-abc\n" in network.host_batch(net)  # never on the host
+    assert f"peer name {net.sandbox_if} address {net.sandbox_mac} netns e2b-abc\n" in network.host_batch(net)
+
+
+def test_each_end_has_a_fixed_address_from_its_ip() -> None:
+    net = network.plan("abc", _net("10.201.3.8/30"))
+    assert (net.host_mac, net.sandbox_mac) == ("02:e2:b0:c9:03:09", "02:e2:b1:c9:03:0a")
+    other = network.plan("abd", _net("10.201.3.12/30"))
+    assert len({net.host_mac, net.sandbox_mac, other.host_mac, other.sandbox_mac}) == 4
+
+
+@needs_root
+def test_the_two_ends_know_each_other_without_arp(pair: Pair) -> None:
+    """Permanent neighbour entries on both ends: no ARP request that a just-plugged link could lose."""
+    for net in (pair.a, pair.b):
+        host_side = _ip_json("neigh", "show", "dev", net.host_if)
+        assert [(n["dst"], n["lladdr"], n["state"]) for n in host_side] == [
+            (str(net.sandbox_ip), net.sandbox_mac, ["PERMANENT"])
+        ]
+        inside = json.loads(in_netns(net.netns, "-j", "neigh", "show", "dev", net.sandbox_if))
+        assert [(n["dst"], n["lladdr"], n["state"]) for n in inside] == [
+            (str(net.host_ip), net.host_mac, ["PERMANENT"])
+        ]
+        link = json.loads(in_netns(net.netns, "-j", "link", "show", "dev", net.sandbox_if))
+        assert link[0]["address"] == net.sandbox_mac
+        assert _ip_json("link", "show", "dev", net.host_if)[0]["address"] == net.host_mac
 
 
 # --- helpers for the kernel tests ---------------------------------------------------------------
