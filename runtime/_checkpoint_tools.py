@@ -17,7 +17,7 @@ servers (or CI and a server) build once: the build holds an ``flock`` on the too
 
 Nothing is installed system-wide but the Debian build packages (``BUILD_PACKAGES``) and CRIU's
 own cache of kernel facts, ``/run/criu.kdat`` (``keep_kernel_facts``): CRIU probes the kernel at
-every start (spawning ``iptables`` among others, about 30 ms of each checkpoint and restore here)
+every start (spawning ``iptables`` among others: 30 to 60 ms of each checkpoint and restore here)
 unless that file holds the answers, and it writes the file itself only where ``/run`` is a tmpfs
 (so a reboot drops it). Where ``/run`` is not, as on this kind of host, the file is made here, in
 a mount namespace of its own with a tmpfs over ``/run``, and is made again once older than the boot.

@@ -244,7 +244,7 @@ class CrunBackend(OciBackend):
             state_dir.mkdir(parents=True, exist_ok=True)
             config = state_dir / "criu.conf"
             config.write_text(CRIU_OPTIONS)
-            _checkpoint_tools.keep_kernel_facts(checkpoint_tools)  # ~30 ms of every checkpoint and restore
+            _checkpoint_tools.keep_kernel_facts(checkpoint_tools)  # 30-60 ms of every checkpoint and restore
             self.features = self.features | {Feature.PAUSE_MEMORY_ON_DISK, Feature.SNAPSHOT_MEMORY}
         super().__init__(
             state_dir,
