@@ -650,6 +650,10 @@ class OciBackend:
         images = self._home(record.sandbox_id) / _MEMORY
         await asyncio.to_thread(shutil.rmtree, images, True)  # what a failed attempt left
         images.mkdir(mode=0o700)
+        # Frozen here first, in a few ms: CRIU, finding a cgroup v1 freezer thawed, freezes it
+        # itself and then sleeps 100 ms before it looks again, on every pause. A frozen one it
+        # seizes at once, thaws to dump, and kills after (a failed dump leaves it frozen).
+        await self._runtime.freeze(record.container)
         net = _network.SandboxNetwork.from_record(record.network)
         await asyncio.to_thread(functools.partial(_network.destroy, net, keep_rules=True))  # a plug sets them again
         try:
@@ -661,7 +665,8 @@ class OciBackend:
             _log.warning("checkpointing %s failed, frozen instead: %s%s", record.sandbox_id, exc, _criu_errors(kept))
             await asyncio.to_thread(shutil.rmtree, images, True)
             await asyncio.to_thread(functools.partial(self._plug, record, record.container, rules_applied=True))
-            await self._runtime.freeze(record.container)
+            if await asyncio.to_thread(self._runtime.status, record.container) != "paused":
+                await self._runtime.freeze(record.container)
             return
         record.container = None  # the checkpoint ended it
         record.memory = str(images)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -614,6 +615,9 @@ def test_a_memory_pause_writes_the_sandbox_to_disk_and_frees_its_memory(backend:
     assert record.container is None, "the checkpoint ended the container"
     images = Path(record.memory)
     assert sum(f.stat().st_size for f in images.iterdir()) > 64 << 20, "the held memory is on disk"
+    # Frozen before CRIU looked: CRIU freezes a thawed cgroup v1 itself, then sleeps 100 ms.
+    states = re.findall(r"freezer\.state=(\w+)", (images / "dump.log").read_text())
+    assert states[:1] == ["FROZEN"], states
     # Searchable by a task not yet mapped into its user namespace (CRIU's restore opens images
     # from one); reached by nobody else, through the sandbox's own folder.
     assert (images.stat().st_mode & 0o777, images.parent.stat().st_mode & 0o777) == (0o711, 0o700)
