@@ -378,7 +378,7 @@ class FakeRunsc:
     async def checkpoint(self, container: str, images: Path, *, config: Path, leave_running: bool = False) -> None:
         raise AssertionError("nothing is checkpointed here")
 
-    async def restore(self, bundle: Path, container: str, log: Path, images: Path, *, config: Path) -> None:
+    async def restore(self, bundle: Path, container: str, log: Path, images: Path, *, config: Path) -> int:
         raise AssertionError("nothing is restored here")
 
 

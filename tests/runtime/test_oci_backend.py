@@ -83,9 +83,10 @@ class MemoryRuntime:
         self._step("checkpoint")
         (images / "core-1.img").write_text(self.containers.pop(container))
 
-    async def restore(self, bundle: Path, container: str, log: Path, images: Path, *, config: Path) -> None:
+    async def restore(self, bundle: Path, container: str, log: Path, images: Path, *, config: Path) -> int:
         self._step("restore")
         self.containers[container] = "running"
+        return self.pid(container)
 
 
 class MemoryOciBackend(OciBackend):
