@@ -362,7 +362,7 @@ def policy_script(host_if: str, policy: EgressPolicy | None) -> str:
 
 def set_policy(net: SandboxNetwork, *, egress: bool, policy: EgressPolicy | None) -> None:
     """Change a live sandbox's egress: membership of the egress set, its chain, its default route."""
-    _check(["nft", "-f", "-"], _egress_script(net.host_if, allow=egress) + policy_script(net.host_if, policy))
+    apply_rules(net, egress=egress, policy=policy)
     wants_route = (policy or EgressPolicy()).needs_route(egress)
     has_route = bool(_run(["ip", "-n", net.netns, "-4", "route", "show", "default"]).stdout.strip())
     if wants_route and not has_route:
