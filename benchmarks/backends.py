@@ -220,7 +220,7 @@ def _drive_client(server: ManagedServer, counts: tuple[int, ...], deadline: floa
             process.wait()
 
 
-def bench_backend(name: str, counts: tuple[int, ...], budget_s: float) -> dict[str, Any]:
+def bench_backend(name: str, counts: tuple[int, ...], budget_s: float, *, boot_images: bool = True) -> dict[str, Any]:
     """One backend: prepare the host, serve on it, drive the client, stop and release everything."""
     deadline = time.monotonic() + budget_s
     backend_entry(name).prepare_host(lambda message: print(f"host set-up ({name}): {message}"))
@@ -233,6 +233,8 @@ def bench_backend(name: str, counts: tuple[int, ...], budget_s: float) -> dict[s
         # limit are let in (they use a few MiB each; the limits would add up past the host's).
         "E2B_COMPAT_SERVER_OWNER_MAX_RUNNING": str(MAX_IDLE + 10),
         "E2B_COMPAT_SERVER_MEMORY_OVERCOMMIT": "1000",
+        # Creates restore the template's boot image where the backend can (the default); off, each boots.
+        "E2B_COMPAT_SERVER_BOOT_IMAGES": "true" if boot_images else "false",
     }
     server = ManagedServer(data_dir, data_dir.with_suffix(".log"), backend=name, extra_env=settings)
     try:
@@ -304,7 +306,8 @@ def table(report: dict[str, Any]) -> str:
     lines = [
         "# Benchmarks per backend",
         "",
-        f"Run {report['started_at']}; counts {report['counts']}. Value p50 (x its floor in the same run; p90).",
+        f"Run {report['started_at']}; counts {report['counts']}; boot images "
+        f"{'on' if report.get('boot_images', True) else 'off'}. Value p50 (x its floor in the same run; p90).",
         "",
         "| metric | " + " | ".join(names) + " |",
         "|" + "---|" * (len(names) + 1),
@@ -370,17 +373,20 @@ def _merging_notes(report: dict[str, Any], names: list[str]) -> list[str]:
 COUNTS = ("sandboxes", "iterations", "idle", "pauses", "transfers", "transfer_mib")
 
 
-def run(backends: tuple[str, ...], counts: tuple[int, ...], budget_s: float) -> dict[str, Any]:
+def run(
+    backends: tuple[str, ...], counts: tuple[int, ...], budget_s: float, *, boot_images: bool = True
+) -> dict[str, Any]:
     report: dict[str, Any] = {
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "counts": dict(zip(COUNTS, counts, strict=True)),
+        "boot_images": boot_images,
         "backends": {},
     }
     for name in backends:
         print(f"backend {name}: benchmarking (budget {budget_s:.0f} s)")
         entry: dict[str, Any] = {"features": sorted(f.value for f in backend_entry(name).features())}
         try:
-            results = bench_backend(name, counts, budget_s)
+            results = bench_backend(name, counts, budget_s, boot_images=boot_images)
         except Exception as exc:  # noqa: BLE001 - one backend failing must not hide the others
             entry["error"] = f"{type(exc).__name__}: {exc}"[-1000:]
             report["backends"][name] = entry
@@ -416,6 +422,9 @@ def main() -> None:
     parser.add_argument("--transfers", type=int, default=3, help="uploads and downloads (default 3)")
     parser.add_argument("--transfer-mib", type=int, default=100, help="MiB per transfer (default 100)")
     parser.add_argument("--budget-seconds", type=float, default=900.0, help="per backend (default 900)")
+    parser.add_argument(
+        "--no-boot-images", action="store_true", help="every create boots its agent (setting boot_images = false)"
+    )
     parser.add_argument("--output", type=Path, default=REPO / "reports" / "bench" / "backends.json")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -432,7 +441,7 @@ def main() -> None:
         max(1, min(args.transfers, MAX_COUNT)),
         max(1, min(args.transfer_mib, MAX_TRANSFER_MIB)),
     )
-    report = run(chosen, counts, args.budget_seconds)
+    report = run(chosen, counts, args.budget_seconds, boot_images=not args.no_boot_images)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     markdown = table(report)

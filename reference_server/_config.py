@@ -136,6 +136,12 @@ class ServerConfig:
         "true: the agents' identical start-up memory is kept once by the host's same-page merging "
         "(ksmd, switched on; crun only). false: each sandbox's agent keeps its own.",
     )
+    boot_images: bool = _setting(
+        True,
+        "true: a sandbox's first start restores a checkpoint of its template's agent, booted once, "
+        "where the backend can (crun with the checkpoint tools; plain agents without volumes). "
+        "false: every sandbox boots its agent.",
+    )
     log_level: str = _setting("info", f"One of {', '.join(LOG_LEVELS)}.")
     event_loop: str = _setting(
         "uvloop",
@@ -394,6 +400,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "warm_pool": _check_warm_pool,
     "warm_pool_memory_mb": _int_in(0, 4 * 1024 * 1024),
     "share_agent_memory": _check_bool,
+    "boot_images": _check_bool,
     "log_level": _one_of(LOG_LEVELS, fold=True),
     "event_loop": _one_of(EVENT_LOOPS),
     "request_head_timeout_seconds": _seconds_in(0.1, 600),
@@ -430,6 +437,7 @@ _FIELD_TYPES: dict[str, str] = {
     "warm_pool": "list",
     "warm_pool_memory_mb": "int",
     "share_agent_memory": "bool",
+    "boot_images": "bool",
     "log_level": "str",
     "event_loop": "str",
     "request_head_timeout_seconds": "float",

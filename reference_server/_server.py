@@ -117,7 +117,12 @@ def _open_backend(config: ServerConfig, templates: Sequence[Template]) -> Backen
     runtime_dir.mkdir(parents=True, exist_ok=True)
     # The templates checked at start-up are the ones served: a source change while the server
     # runs must not start a rebuild in the middle of a create request.
-    options = BackendOptions(state_dir=runtime_dir, templates=templates, share_agent_memory=config.share_agent_memory)
+    options = BackendOptions(
+        state_dir=runtime_dir,
+        templates=templates,
+        share_agent_memory=config.share_agent_memory,
+        boot_images=config.boot_images,
+    )
     return open_backend(config.backend, options)
 
 

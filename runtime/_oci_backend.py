@@ -10,6 +10,8 @@ Per sandbox, under ``<state>/sandboxes/<id>/``::
     logs/         the sandbox's output, rotated and bounded while it runs (``sandbox.log``, ``.1``)
     memory/       a checkpointed sandbox's processes and memory (CRIU's images), while it is paused
 
+and ``<state>/boot-images/`` holds the templates' boot images (``_boot_images``).
+
 ``OciBackend`` is the whole ``Backend`` but for the container runtime's command, which it
 reaches through ``ContainerRuntime``: create a container from a bundle, start, freeze, thaw,
 delete it, ask for its status. ``runtime.crun`` is that seam for crun; gVisor's ``runsc``
@@ -18,7 +20,8 @@ takes the same arguments and is one more small module of the same shape.
 Lifecycle: create = record + disk + network + id range + idmapped lowers + volume views + overlay + sysfs +
 bundle; start = the
 runtime's create and start, then wait for the agent's ``/health`` (``_health``: probes that the
-agent's ready signal cuts short); pause(memory) = a checkpoint to ``memory/`` where the runtime
+agent's ready signal cuts short), or the restore of a memory snapshot's or the template's boot
+image's processes (``_boot_images``); pause(memory) = a checkpoint to ``memory/`` where the runtime
 can (``checkpoint_config``; the runtime then makes the network namespace and ``_plug`` names it),
 else freeze (the cgroup freezer); pause(filesystem) = delete the container, keeping ``upper/``;
 resume = restore, thaw, or a fresh create + start on the same writable layer; kill marks the record releasing,
@@ -54,7 +57,19 @@ import httpx
 
 from contract.protocol import ENVD_PORT
 
-from . import _addresses, _criu_images, _disk, _health, _hostfs, _idmap, _idranges, _network, _oci, _sharing
+from . import (
+    _addresses,
+    _boot_images,
+    _criu_images,
+    _disk,
+    _health,
+    _hostfs,
+    _idmap,
+    _idranges,
+    _network,
+    _oci,
+    _sharing,
+)
 from ._threads import to_thread_to_the_end
 from .agent import ACCESS_TOKEN_HASH_FILE, READY_FD_ENV, SHARE_MEMORY_ENV
 from .backend import (
@@ -202,11 +217,17 @@ class OciBackend:
         share_agent_memory: bool = False,  # the runtime starts the agent at a fixed layout (``runtime._ksm``)
         runtime_netns: bool = False,  # the runtime makes the network namespace (see below)
         checkpoint_config: Path | None = None,  # CRIU's options: a memory pause checkpoints (needs runtime_netns)
+        boot_images: bool = False,  # first starts restore a booted agent of the template (needs checkpoint_config)
     ) -> None:
         self._dir = state_dir
         if checkpoint_config is not None and not runtime_netns:
             raise ValueError("a checkpoint needs the network namespace the runtime makes")
         self._checkpoint_config = checkpoint_config
+        # Boot images (``_boot_images``): made in the background after a template's first cold
+        # start, one at a time per template; a key whose images failed to restore is not made again.
+        self._boot_images = _boot_images.BootImages(state_dir) if boot_images and checkpoint_config else None
+        self._boot_making: dict[str, asyncio.Task[None]] = {}
+        self._boot_refused: set[str] = set()
         # With ``runtime_netns`` the runtime makes the sandbox's network namespace inside the
         # sandbox's user namespace, and the host names it and plugs the veth in between the
         # runtime's create and start (``_plug``), as for Docker's. A checkpoint needs this: CRIU
@@ -583,8 +604,11 @@ class OciBackend:
                 record = self._record(sandbox_id)
                 next_state(State(record.state), Action.START)
                 images = self._snapshot_memory(record.template)
+                boot_key = self._boot_key(record)
                 if images is not None:
                     await self._continue_snapshot(record, images)
+                elif boot_key is not None:
+                    await self._start_from_boot_image(record, boot_key)
                 else:
                     await self._boot(record)
                 record.state = State.RUNNING.value
@@ -758,12 +782,16 @@ class OciBackend:
         """
         if self._checkpoint_config is None:
             raise BackendError(f"{record.template} holds memory; this server cannot restore it")
+        await self._continue_images(record, snapshot, self._checkpoint_config, f"the memory of {record.template}")
+
+    async def _continue_images(self, record: Record, source: Path, config: Path, what: str) -> None:
+        """The processes in ``source`` (a snapshot's or a boot image's) running in the sandbox as its own."""
         assert record.network is not None
         home = self._home(record.sandbox_id)
         images = home / _MEMORY
         await asyncio.to_thread(shutil.rmtree, images, True)
         # Linked, not copied: the two images rewritten are replaced (new files), the rest only read.
-        await asyncio.to_thread(shutil.copytree, snapshot, images, copy_function=_link_or_copy)
+        await asyncio.to_thread(shutil.copytree, source, images, copy_function=_link_or_copy)
         mapping = self._sandbox_mapping(record)
         try:
             await asyncio.to_thread(
@@ -773,14 +801,120 @@ class OciBackend:
                 hostname=record.spec["hostname"],
             )
         except (_criu_images.ImageError, OSError) as exc:
-            raise BackendError(f"the memory of {record.template} cannot be restored here: {exc}") from None
+            await asyncio.to_thread(shutil.rmtree, images, True)
+            raise BackendError(f"{what} cannot be restored here: {exc}") from None
         os.chmod(images, 0o711)  # noqa: S103 - as for a pause's images (``_checkpoint``)
         try:
-            await self._restore_into_container(record, images, self._checkpoint_config)
+            await self._restore_into_container(record, images, config)
         finally:
             self._discard_images(images)
             record.memory = None
             self._save(record)
+
+    # -- boot images (``_boot_images``) ------------------------------------------------
+
+    def _boot_key(self, record: Record) -> str | None:
+        """The key of the boot image a first start of this sandbox may restore; None: it boots."""
+        if record.sandbox_id.startswith(_boot_images.BOOT_PREFIX):
+            return None
+        return self._template_boot_key(
+            record.template, record.lowers, record.spec["command"], record.spec.get("volumes", ())
+        )
+
+    def _template_boot_key(
+        self, template: str, lowers: list[str], command: list[str], volumes: Iterable[object] = ()
+    ) -> str | None:
+        if self._boot_images is None or _boot_images.why_not_eligible(template, command, volumes) is not None:
+            return None
+        return _boot_images.image_key(
+            template,
+            lowers,
+            command,
+            getattr(self._runtime, "executable", self._runtime.name),
+            share_agent_memory=self._share_agent_memory,
+            ids=self._mapping.size if self._mapping is not None else None,
+        )
+
+    async def _start_from_boot_image(self, record: Record, key: str) -> None:
+        """A first start from the template's boot image; without one, a boot that has one made.
+
+        A restore that fails boots the sandbox (nothing ran in it yet, so the two cannot differ
+        for its tenant) and drops the images, which this backend then never makes again.
+        """
+        assert self._boot_images is not None
+        assert self._checkpoint_config is not None
+        images = None if key in self._boot_refused else self._boot_images.find(key)
+        if images is None:
+            await self._boot(record)
+            self._want_boot_image(record.template, key)
+            return
+        try:
+            await self._continue_images(record, images, self._checkpoint_config, f"the boot image of {record.template}")
+        except BackendError as exc:
+            _log.warning(
+                "starting %s from the boot image of %s failed, booting it: %s", record.sandbox_id, record.template, exc
+            )
+            self._boot_refused.add(key)
+            await asyncio.to_thread(self._boot_images.drop, key)
+            await asyncio.to_thread(self._remove_cgroups, record.sandbox_id)
+            await self._boot(record)
+
+    async def _boot_images_made(self) -> None:
+        """Wait for the boot images being made (tests, and a caller about to close the event loop)."""
+        while self._boot_making:
+            await asyncio.wait(list(self._boot_making.values()))
+
+    def _want_boot_image(self, template: str, key: str) -> None:
+        if key in self._boot_refused or key in self._boot_making:
+            return
+        task = asyncio.get_running_loop().create_task(self._make_boot_image(template, key))
+        self._boot_making[key] = task
+        task.add_done_callback(lambda _done: self._boot_making.pop(key, None))
+
+    async def _make_boot_image(self, template: str, key: str) -> None:
+        """Boot a private sandbox of ``template``, checkpoint it before any request, keep the images.
+
+        Off every client's path (a background task). A failure is logged and keeps the template
+        booting; a crash mid-way leaves a record and a build folder that reconcile removes.
+        """
+        assert self._boot_images is not None
+        assert self._checkpoint_config is not None
+        sandbox_id = f"{_boot_images.BOOT_PREFIX}{secrets.token_hex(6)}"
+        try:
+            await self.create(SandboxSpec(sandbox_id, template))
+            try:
+                with _reported(f"making the boot image of {template}"):
+                    async with self._lock(sandbox_id):
+                        record = self._record(sandbox_id)
+                        await self._boot(record)
+                        record.state = State.RUNNING.value
+                        self._save(record)
+                        if self._template_boot_key(template, record.lowers, record.spec["command"]) != key:
+                            return  # the template was rebuilt meanwhile: its next cold start makes the new one
+                        building = await asyncio.to_thread(self._boot_images.build_folder, key)
+                        await self._checkpoint_to(record, building / _MEMORY, self._checkpoint_config)
+                        await asyncio.to_thread(self._boot_images.commit, building, key, template)
+                _log.info("made the boot image of %s: its sandboxes start from it now", template)
+            finally:
+                await self.kill(sandbox_id)
+        except SandboxRuntimeError as exc:
+            _log.warning("making the boot image of %s failed (its sandboxes boot): %s", template, exc)
+            self._boot_refused.add(key)
+
+    async def _checkpoint_to(self, record: Record, images: Path, config: Path) -> None:
+        """The sandbox's processes written to ``images``; the checkpoint ends them (as a pause's does)."""
+        assert record.container is not None
+        assert record.network is not None
+        images.mkdir(mode=0o700)
+        await self._runtime.freeze(record.container)  # CRIU seizes a frozen cgroup at once (``_checkpoint``)
+        net = _network.SandboxNetwork.from_record(record.network)
+        await asyncio.to_thread(_network.destroy, net)
+        try:
+            await self._runtime.checkpoint(record.container, images, config=config)
+        except BackendError as exc:
+            raise BackendError(f"{exc}{_criu_errors(images / 'dump.log')}") from None
+        record.container = None  # the checkpoint ended it
+        self._save(record)
 
     def _remove_cgroups(self, sandbox_id: str) -> None:
         """The sandbox's cgroups, where no process is left in them (a runtime's own child groups first)."""
@@ -917,7 +1051,8 @@ class OciBackend:
 
     async def list(self) -> list[SandboxInfo]:
         with _reported("listing sandboxes"):
-            records = self._records()
+            # The backend's own boot-image sandboxes are nobody's: a server never sees them.
+            records = [r for r in self._records() if not r.sandbox_id.startswith(_boot_images.BOOT_PREFIX)]
             for record in records:  # listing is the server's periodic sweep: keep logs bounded there
                 _hostfs.trim(self._home(record.sandbox_id) / "logs" / "sandbox.log")
             return [self._info(r) for r in records]
@@ -1124,7 +1259,11 @@ class OciBackend:
         kept_subnets: set[tuple[str, str]] = set()
         kept_ids: set[tuple[int, str]] = set()
         self._runtime.root.mkdir(parents=True, exist_ok=True)  # a host restart may have emptied it
+        if self._boot_images is not None:
+            cleaned += self._boot_images.remove_partial()
         for record in self._records():
+            # A boot image's sandbox that a crash left (never a tenant's): released like a kill cut short.
+            record.releasing = record.releasing or record.sandbox_id.startswith(_boot_images.BOOT_PREFIX)
             if record.releasing:  # a kill that did not finish: finish it (a failure leaves it on record)
                 try:
                     self._release(record)

@@ -52,6 +52,7 @@ class BackendOptions:
     templates: Sequence[Template] = ()  # built already: served as they are, never rebuilt while running
     templates_root: Path | None = None  # the template cache, for templates not given (default: the user's cache)
     share_agent_memory: bool = False  # agents' start-up pages merged by the host, where the backend can (crun)
+    boot_images: bool = False  # first starts restore a checkpoint of the template's booted agent, where the backend can
 
 
 @dataclass(frozen=True)

@@ -236,6 +236,7 @@ class CrunBackend(OciBackend):
         addresses: AddressRegistry | None = None,  # default: the host's one registry
         share_agent_memory: bool = False,  # the agents' start-up pages merged by the host (``_ksm``)
         checkpoint_tools: CheckpointTools | None = None,  # CRIU and its crun: a memory pause frees the RAM
+        boot_images: bool = False,  # first starts restore the template's booted agent (needs the tools)
     ) -> None:
         share = share_agent_memory and _ksm.ensure_running()
         config = None
@@ -263,6 +264,7 @@ class CrunBackend(OciBackend):
             share_agent_memory=share,
             runtime_netns=checkpoint_tools is not None,
             checkpoint_config=config,
+            boot_images=boot_images,
         )
 
 
@@ -301,6 +303,7 @@ def open_backend(options: BackendOptions) -> CrunBackend:
         templates=options.templates,
         share_agent_memory=options.share_agent_memory,
         checkpoint_tools=host_checkpoint_tools(),
+        boot_images=options.boot_images,
     )
 
 

@@ -125,7 +125,10 @@ def test_the_ratios_of_a_run_are_against_one_set_of_floors(monkeypatch: pytest.M
     commands = {"crun": 0.004, "gvisor": 0.008, "docker": 0.006}
     spawn = {"crun": [0.001], "gvisor": [0.002], "docker": [0.003]}
 
-    def bench(name: str, counts: object, budget: float) -> dict[str, Any]:
+    boot_images_seen: list[bool] = []
+
+    def bench(name: str, counts: object, budget: float, *, boot_images: bool = True) -> dict[str, Any]:
+        boot_images_seen.append(boot_images)
         raw = _raw(commands[name])
         raw["floor_process_spawn"] = spawn[name]
         return backends.summarise(raw)
@@ -134,7 +137,10 @@ def test_the_ratios_of_a_run_are_against_one_set_of_floors(monkeypatch: pytest.M
     monkeypatch.setattr(backends, "idle_process_floor", lambda count: 1.0)
     fake = backend_entry("fake")
     monkeypatch.setattr(backends, "backend_entry", lambda name: fake)  # whatever the real table holds
-    report = backends.run(("crun", "gvisor", "docker"), (1, 1, 1, 1, 1, 1), 60.0)
+    report = backends.run(("crun", "gvisor", "docker"), (1, 1, 1, 1, 1, 1), 60.0, boot_images=False)
+    assert boot_images_seen == [False, False, False], "each server run with the setting asked for"
+    assert report["boot_images"] is False
+    assert "boot images off" in backends.table(report)
     assert report["floors"]["floor_process_spawn"] == pytest.approx(2.0), "the median of the three runs' floors"
     assert report["backends"]["crun"]["floors"]["floor_process_spawn"] == pytest.approx(1.0), "each kept as measured"
     ratios = {name: entry["ratios"]["create_to_first_run"] for name, entry in report["backends"].items()}

@@ -83,6 +83,7 @@ def test_defaults_are_the_documented_ones(env: dict[str, str], data_dir: Path) -
         "warm_pool": ("base=2", "code-interpreter-v1=1"),
         "warm_pool_memory_mb": 4096,
         "share_agent_memory": True,
+        "boot_images": True,
         "volume_mb": 1024,
     }
     assert runtime_backends.serving_backends() == BACKENDS
@@ -164,6 +165,7 @@ def test_every_variable_is_read(tmp_path: Path, env: dict[str, str]) -> None:
         "warm_pool": "base=1, code-interpreter-v1=0",
         "warm_pool_memory_mb": "1024",
         "share_agent_memory": "false",
+        "boot_images": "false",
         "volume_mb": "64",
     }
     assert set(values) == set(FIELDS)
@@ -202,6 +204,7 @@ def test_every_variable_is_read(tmp_path: Path, env: dict[str, str]) -> None:
         "warm_pool": ("base=1", "code-interpreter-v1=0"),
         "warm_pool_memory_mb": 1024,
         "share_agent_memory": False,
+        "boot_images": False,
         "volume_mb": 64,
     }
     assert config.warm_pool_sizes() == {"base": 1, "code-interpreter-v1": 0}
@@ -328,6 +331,7 @@ def test_single_label_domain_is_refused_with_the_reason(tmp_path: Path, env: dic
         ("port", "70000", "1..65535"),
         ("egress_enabled", "maybe", "expected one of"),
         ("share_agent_memory", "maybe", "expected one of"),
+        ("boot_images", "yes please", "expected one of"),
         ("event_loop", "libuv", "must be one of uvloop, asyncio"),
         ("reaper_interval_seconds", "nan", "expected a number"),
         ("reaper_interval_seconds", "inf", "expected a number"),

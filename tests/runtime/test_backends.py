@@ -107,7 +107,9 @@ def test_crun_opens_a_crun_backend_with_the_options(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(crun, "CrunBackend", Recording)
     tools = _checkpoint_tools.CheckpointTools(tmp_path / "tools")
     monkeypatch.setattr(_checkpoint_tools, "find", lambda cache_root=None: tools)
-    options = BackendOptions(state_dir=tmp_path, templates_root=tmp_path / "cache", share_agent_memory=True)
+    options = BackendOptions(
+        state_dir=tmp_path, templates_root=tmp_path / "cache", share_agent_memory=True, boot_images=True
+    )
     assert isinstance(open_backend("crun", options), Recording)
     assert seen == {
         "state_dir": tmp_path,
@@ -115,6 +117,7 @@ def test_crun_opens_a_crun_backend_with_the_options(tmp_path: Path, monkeypatch:
         "templates": (),
         "share_agent_memory": True,
         "checkpoint_tools": tools,  # the host's build, when there is one
+        "boot_images": True,
     }
 
 

@@ -1,0 +1,146 @@
+"""Boot images on crun: a template's agent booted once, checkpointed, and restored for each first start.
+
+Real sandboxes, as root, with the checkpoint tools (CI builds them; elsewhere ``e2b-compat host
+prepare`` does). Each test kills what it made and checks that nothing is left.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from contract.protocol import ENVD_PORT
+from runtime._oci_backend import Record
+from runtime.backend import SandboxSpec
+from runtime.crun import CrunBackend
+
+from .test_crun import SMALL, _leftovers, _needs_checkpoints, crun_backend, run, shell, state_dir
+
+__all__ = ["state_dir"]  # the fixture, shared with test_crun
+
+pytestmark = [
+    pytest.mark.artifacts,
+    pytest.mark.skipif(os.geteuid() != 0, reason="crun sandboxes need root (namespaces, mounts, cgroups)"),
+]
+
+_IDENTITY = "hostname; cat /run/e2b/.E2B_SANDBOX_ID; echo; head -c 22 /proc/self/uid_map"
+# The sandbox's own processes, without the shell and ps this command adds.
+_PROCESSES = "ps -e -o user=,args= | grep -v -e ' ps -e' -e 'bash -c'"
+
+
+@pytest.fixture
+def booting(state_dir: Path) -> Iterator[CrunBackend]:
+    """A backend with boot images, starting with none made."""
+    _needs_checkpoints()
+    shutil.rmtree(state_dir / "boot-images", ignore_errors=True)
+    backend = crun_backend(state_dir, boot_images=True)
+    yield backend
+    for info in run(backend.list()):
+        run(backend.kill(info.sandbox_id))
+
+
+def _count_boots(backend: CrunBackend, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The sandboxes that boot their agent from now on (the others restore a boot image)."""
+    boots: list[str] = []
+    boot = backend._boot
+
+    async def counting(record: Record) -> None:
+        boots.append(record.sandbox_id)
+        await boot(record)
+
+    monkeypatch.setattr(backend, "_boot", counting)
+    return boots
+
+
+def _start(backend: CrunBackend, sandbox_id: str) -> str:
+    """Create and start a sandbox, then wait for any boot image its start set off."""
+
+    async def go() -> str:
+        await backend.create(SandboxSpec(sandbox_id, "base", limits=SMALL))
+        info = await backend.start(sandbox_id)
+        await backend._boot_images_made()
+        assert info.host is not None
+        return info.host
+
+    return run(go())
+
+
+def _init(host: str, env: dict[str, str]) -> None:
+    assert httpx.post(f"http://{host}:{ENVD_PORT}/init", json={"envVars": env}).status_code == 204
+
+
+def test_a_template_boots_once_and_its_next_sandboxes_restore_its_boot_image(
+    booting: CrunBackend, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    boots = _count_boots(booting, monkeypatch)
+    cold = _start(booting, "bi1")
+    assert booting._boot_images is not None
+    assert len(booting._boot_images.keys()) == 1, "made after the first cold start"
+    assert boots[0] == "bi1"
+    maker = boots[1]
+    assert maker.startswith("boot-"), boots
+    assert run(booting.list())[0].sandbox_id == "bi1", "a boot image's sandbox is nobody's"
+    assert _leftovers(state_dir, [maker]) == [], "its sandbox is gone once the images are kept"
+    hosts = {sandbox_id: _start(booting, sandbox_id) for sandbox_id in ("bi2", "bi3")}
+    assert boots == ["bi1", maker], "restored, not booted"
+    assert len({cold, *hosts.values()}) == 3, "each its own address"
+    code, cold_processes, _ = shell(cold, _PROCESSES)
+    assert code == 0
+    for sandbox_id, host in hosts.items():
+        # What a cold start gives, as the sandbox sees it: its identity and its processes.
+        code, out, err = shell(host, _IDENTITY, fresh_connection=True)
+        assert code == 0, err
+        hostname, published, uid_map = out.decode().split("\n")
+        assert [hostname, published] == [sandbox_id, sandbox_id]
+        assert int(uid_map.split()[1]) == booting._record(sandbox_id).ids, "its own id range"
+        assert shell(host, _PROCESSES)[1] == cold_processes
+        # /init gives a restored agent its ids (from /run/e2b) and its environment, as a booted one.
+        _init(host, {"TENANT": sandbox_id})
+        assert shell(host, "echo $E2B_SANDBOX_ID $TENANT")[1] == f"{sandbox_id} {sandbox_id}\n".encode()
+        assert not (booting._home(sandbox_id) / "memory").exists(), "its copy of the images goes once restored"
+    # The sandboxes share nothing but the template's files.
+    assert shell(hosts["bi2"], "echo mine > /home/user/f.txt")[0] == 0
+    assert shell(hosts["bi3"], "test -e /home/user/f.txt")[0] == 1
+    for sandbox_id in ("bi1", "bi2", "bi3"):
+        assert run(booting.kill(sandbox_id))
+    assert _leftovers(state_dir, ["bi1", "bi2", "bi3"]) == []
+    assert len(booting._boot_images.keys()) == 1, "kept for the next creates"
+
+
+def test_a_boot_image_that_fails_to_restore_is_dropped_and_the_sandbox_boots(
+    booting: CrunBackend, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _start(booting, "bf1")
+    assert booting._boot_images is not None
+    (key,) = booting._boot_images.keys()
+    (booting._boot_images.root / key / "memory" / "inventory.img").unlink()  # CRIU cannot restore without it
+    boots = _count_boots(booting, monkeypatch)
+    host = _start(booting, "bf2")
+    assert boots == ["bf2"], "booted after the failed restore, and no image made again"
+    assert shell(host, "echo up", fresh_connection=True) == (0, b"up\n", b"")
+    assert booting._boot_images.keys() == []
+    host = _start(booting, "bf3")
+    assert boots == ["bf2", "bf3"]
+    assert booting._boot_images.keys() == [], "this backend never makes that image again"
+    for sandbox_id in ("bf1", "bf2", "bf3"):
+        assert run(booting.kill(sandbox_id))
+    assert _leftovers(state_dir, ["bf1", "bf2", "bf3"]) == []
+
+
+def test_reconcile_releases_what_a_crash_left_of_a_boot_image(booting: CrunBackend, state_dir: Path) -> None:
+    # A crash while an image was being made: its sandbox runs on record, a build folder is half written.
+    run(booting.create(SandboxSpec("boot-crashed", "base", limits=SMALL)))
+    run(booting.start("boot-crashed"))
+    assert booting._boot_images is not None
+    (booting._boot_images.root / ".0123.build" / "memory").mkdir(parents=True)
+    assert run(booting.list()) == []
+    report = run(crun_backend(state_dir, boot_images=True).reconcile())
+    assert "boot-crashed" in report.cleaned
+    assert ".0123.build" in report.cleaned
+    assert _leftovers(state_dir, ["boot-crashed"]) == []
+    assert list(booting._boot_images.root.iterdir()) == []
