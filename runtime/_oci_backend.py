@@ -228,6 +228,14 @@ class OciBackend:
         self._boot_images = _boot_images.BootImages(state_dir) if boot_images and checkpoint_config else None
         self._boot_making: dict[str, asyncio.Task[None]] = {}
         self._boot_refused: set[str] = set()
+        self._boot_restore_config: Path | None = None
+        if self._boot_images is not None and checkpoint_config is not None:
+            # A boot image's network namespace holds its loopback only, as a new one does: CRIU
+            # makes it empty instead of restoring it (~25 ms less, spawning no ip or iptables),
+            # and the plug sets it up as at a boot. Pauses and snapshots restore theirs, which
+            # may hold the tenant's own addresses, routes and rules.
+            self._boot_restore_config = checkpoint_config.with_name(f"{checkpoint_config.stem}-boot-image.conf")
+            self._boot_restore_config.write_text(checkpoint_config.read_text() + "empty-ns net\n")
         # With ``runtime_netns`` the runtime makes the sandbox's network namespace inside the
         # sandbox's user namespace, and the host names it and plugs the veth in between the
         # runtime's create and start (``_plug``), as for Docker's. A checkpoint needs this: CRIU
@@ -842,14 +850,16 @@ class OciBackend:
         for its tenant) and drops the images, which this backend then never makes again.
         """
         assert self._boot_images is not None
-        assert self._checkpoint_config is not None
+        assert self._boot_restore_config is not None
         images = None if key in self._boot_refused else self._boot_images.find(key)
         if images is None:
             await self._boot(record)
             self._want_boot_image(record.template, key)
             return
         try:
-            await self._continue_images(record, images, self._checkpoint_config, f"the boot image of {record.template}")
+            await self._continue_images(
+                record, images, self._boot_restore_config, f"the boot image of {record.template}"
+            )
         except BackendError as exc:
             _log.warning(
                 "starting %s from the boot image of %s failed, booting it: %s", record.sandbox_id, record.template, exc

@@ -31,6 +31,11 @@ pytestmark = [
 _IDENTITY = "hostname; cat /run/e2b/.E2B_SANDBOX_ID; echo; head -c 22 /proc/self/uid_map"
 # The sandbox's own processes, without the shell and ps this command adds.
 _PROCESSES = "ps -e -o user=,args= | grep -v -e ' ps -e' -e 'bash -c'"
+# Its network as a process sees it: loopback up with both addresses, reaching the agent; the interfaces.
+_NETWORK = (
+    "cat /sys/class/net/lo/flags; grep -c ' lo$' /proc/net/if_inet6; ls /sys/class/net | wc -l; "
+    "exec 3<>/dev/tcp/127.0.0.1/49983 && echo lo-reaches-the-agent"
+)
 
 
 @pytest.fixture
@@ -91,6 +96,8 @@ def test_a_template_boots_once_and_its_next_sandboxes_restore_its_boot_image(
     assert len({cold, *hosts.values()}) == 3, "each its own address"
     code, cold_processes, _ = shell(cold, _PROCESSES)
     assert code == 0
+    cold_network = shell(cold, _NETWORK)
+    assert cold_network == (0, b"0x9\n1\n2\nlo-reaches-the-agent\n", b"")
     for sandbox_id, host in hosts.items():
         # What a cold start gives, as the sandbox sees it: its identity and its processes.
         code, out, err = shell(host, _IDENTITY, fresh_connection=True)
@@ -99,6 +106,8 @@ def test_a_template_boots_once_and_its_next_sandboxes_restore_its_boot_image(
         assert [hostname, published] == [sandbox_id, sandbox_id]
         assert int(uid_map.split()[1]) == booting._record(sandbox_id).ids, "its own id range"
         assert shell(host, _PROCESSES)[1] == cold_processes
+        # CRIU made its network namespace empty, as a new one (``_boot_restore_config``): the plug set it up.
+        assert shell(host, _NETWORK) == cold_network
         # /init gives a restored agent its ids (from /run/e2b) and its environment, as a booted one.
         _init(host, {"TENANT": sandbox_id})
         assert shell(host, "echo $E2B_SANDBOX_ID $TENANT")[1] == f"{sandbox_id} {sandbox_id}\n".encode()
