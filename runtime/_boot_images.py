@@ -127,7 +127,8 @@ class BootImages:
             removed.append(partial.name)
         return tuple(removed)
 
-    def keys(self) -> list[str]:
+    def names(self) -> list[str]:
+        """The keys of the images kept."""
         return sorted(p.name for p in self.root.iterdir() if not p.name.startswith("."))
 
     @staticmethod

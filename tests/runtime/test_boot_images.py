@@ -78,10 +78,10 @@ def test_images_are_found_only_once_complete_and_a_new_key_replaces_the_template
     newer = images.build_folder("k2")
     (newer / "memory").mkdir()
     images.commit(newer, "k2", "base")
-    assert images.keys() == ["k2", "o1"], "base's old images went, another template's stayed"
+    assert images.names() == ["k2", "o1"], "base's old images went, another template's stayed"
     images.drop("k2")
     assert images.find("k2") is None
-    assert images.keys() == ["o1"]
+    assert images.names() == ["o1"]
     images.drop("never-made")  # nothing to drop: no error
 
 
@@ -93,5 +93,5 @@ def test_what_a_crash_left_mid_way_is_removed(tmp_path: Path) -> None:
     (kept / "memory").mkdir()
     images.commit(kept, "k2", "base")
     assert sorted(images.remove_partial()) == [".k0.dropped", ".k1.build"]
-    assert images.keys() == ["k2"]
+    assert images.names() == ["k2"]
     assert [p.name for p in images.root.iterdir()] == ["k2"]

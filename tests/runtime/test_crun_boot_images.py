@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,7 +86,7 @@ def test_a_template_boots_once_and_its_next_sandboxes_restore_its_boot_image(
     boots = _count_boots(booting, monkeypatch)
     cold = _start(booting, "bi1")
     assert booting._boot_images is not None
-    assert len(booting._boot_images.keys()) == 1, "made after the first cold start"
+    assert len(booting._boot_images.names()) == 1, "made after the first cold start"
     assert boots[0] == "bi1"
     maker = boots[1]
     assert maker.startswith("boot-"), boots
@@ -118,7 +119,7 @@ def test_a_template_boots_once_and_its_next_sandboxes_restore_its_boot_image(
     for sandbox_id in ("bi1", "bi2", "bi3"):
         assert run(booting.kill(sandbox_id))
     assert _leftovers(state_dir, ["bi1", "bi2", "bi3"]) == []
-    assert len(booting._boot_images.keys()) == 1, "kept for the next creates"
+    assert len(booting._boot_images.names()) == 1, "kept for the next creates"
 
 
 def test_a_boot_image_that_fails_to_restore_is_dropped_and_the_sandbox_boots(
@@ -126,16 +127,16 @@ def test_a_boot_image_that_fails_to_restore_is_dropped_and_the_sandbox_boots(
 ) -> None:
     _start(booting, "bf1")
     assert booting._boot_images is not None
-    (key,) = booting._boot_images.keys()
+    (key,) = booting._boot_images.names()
     (booting._boot_images.root / key / "memory" / "inventory.img").unlink()  # CRIU cannot restore without it
     boots = _count_boots(booting, monkeypatch)
     host = _start(booting, "bf2")
     assert boots == ["bf2"], "booted after the failed restore, and no image made again"
     assert shell(host, "echo up", fresh_connection=True) == (0, b"up\n", b"")
-    assert booting._boot_images.keys() == []
+    assert booting._boot_images.names() == []
     host = _start(booting, "bf3")
     assert boots == ["bf2", "bf3"]
-    assert booting._boot_images.keys() == [], "this backend never makes that image again"
+    assert booting._boot_images.names() == [], "this backend never makes that image again"
     for sandbox_id in ("bf1", "bf2", "bf3"):
         assert run(booting.kill(sandbox_id))
     assert _leftovers(state_dir, ["bf1", "bf2", "bf3"]) == []
@@ -153,3 +154,46 @@ def test_reconcile_releases_what_a_crash_left_of_a_boot_image(booting: CrunBacke
     assert ".0123.build" in report.cleaned
     assert _leftovers(state_dir, ["boot-crashed"]) == []
     assert list(booting._boot_images.root.iterdir()) == []
+
+
+def test_a_pause_whose_network_namespace_is_as_new_restores_it_empty_and_one_changed_replays_it(
+    booting: CrunBackend, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _start(booting, "np0")  # the boot image: the new namespace the checkpoints are compared with
+    hosts = {sandbox_id: _start(booting, sandbox_id) for sandbox_id in ("np1", "np2")}
+    # np2's loopback gets an address of its own, from the host: a sandbox's root lacks CAP_NET_ADMIN
+    # and cannot change its namespace, but were it able to, its change must survive the pause.
+    netns = booting._record("np2").network or {}
+    subprocess.run(["ip", "-n", netns["netns"], "addr", "add", "10.9.9.9/32", "dev", "lo"], check=True)
+    configs: dict[str, Path] = {}
+    restore = booting._runtime.restore
+
+    async def recording(bundle: Path, container: str, log: Path, images: Path, *, config: Path) -> int:
+        configs[bundle.parent.name] = config
+        return await restore(bundle, container, log, images, config=config)
+
+    monkeypatch.setattr(booting._runtime, "restore", recording)
+    for sandbox_id, host in hosts.items():
+        assert shell(host, "echo in-ram > /tmp/ram.txt")[0] == 0
+        run(booting.pause(sandbox_id, memory=True))
+        images = Path(booting._record(sandbox_id).memory or "")
+        assert (images / ".netns-as-new").exists() == (sandbox_id == "np1")
+        hosts[sandbox_id] = run(booting.resume(sandbox_id)).host or ""
+        assert shell(hosts[sandbox_id], "cat /tmp/ram.txt", fresh_connection=True) == (0, b"in-ram\n", b"")
+    assert configs["np1"] == booting._boot_restore_config, "made empty, as a new one"
+    assert configs["np2"] == booting._checkpoint_config, "replayed"
+    assert shell(hosts["np1"], _NETWORK, fresh_connection=True) == (0, b"0x9\n1\n2\nlo-reaches-the-agent\n", b"")
+    code, out, _ = shell(hosts["np2"], "ip -4 -o addr show dev lo", fresh_connection=True)
+    assert code == 0
+    assert b"10.9.9.9/32" in out, "the tenant's address came back"
+    # A memory snapshot is compared the same way, and a sandbox made from it restores accordingly.
+    snapshot = run(booting.snapshot("np1", memory=True))
+    assert (state_dir / "snapshots" / snapshot / "memory" / ".netns-as-new").exists()
+    run(booting.create(SandboxSpec("np3", snapshot, limits=SMALL)))
+    forked = run(booting.start("np3")).host or ""
+    assert configs["np3"] == booting._boot_restore_config
+    assert shell(forked, "cat /tmp/ram.txt", fresh_connection=True) == (0, b"in-ram\n", b"")
+    run(booting.release_snapshot(snapshot))
+    for sandbox_id in ("np0", "np1", "np2", "np3"):
+        assert run(booting.kill(sandbox_id))
+    assert _leftovers(state_dir, ["np0", "np1", "np2", "np3"]) == []
