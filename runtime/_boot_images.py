@@ -10,14 +10,16 @@ and made its own (id range, hostname: ``_criu_images``), as a memory snapshot's 
 
 What the images hold is the same in every sandbox of the template: an agent that has served no
 request (no token, no environment; ``/init`` brings both, and the sandbox's ids from
-``/run/e2b``). Nothing of a tenant is ever in them. Only the plain agent qualifies: a template
-whose agent starts services (the code interpreter's kernels, the MCP gateway) holds connections
-between its processes, which a checkpoint closes (CRIU's ``tcp-close``), and a sandbox with
-volumes has mounts the images do not. Those boot as before.
+``/run/e2b``). Nothing of a tenant is ever in them; what stays of the private sandbox is its id
+in the init's and the agent's environment (``/proc/<pid>/environ``, the sandbox's root reads it).
+Only the plain agent qualifies: a template whose agent starts services (the code interpreter's
+kernels, the MCP gateway) holds connections between its processes, which a checkpoint closes
+(CRIU's ``tcp-close``), and a sandbox with volumes has mounts the images do not. Those boot as
+before.
 
 Per backend, under ``<state>/boot-images/``::
 
-    <key>/manifest.json   what the key covers, and the template's name
+    <key>/manifest.json   the template's name and the key
     <key>/memory/         CRIU's images of the booted sandbox
     .<key>.build/         an image being made; renamed to <key>/ when complete (a crash leaves it)
 
@@ -119,10 +121,13 @@ class BootImages:
             return
         shutil.rmtree(gone, ignore_errors=True)
 
-    def remove_partial(self) -> tuple[str, ...]:
-        """What a crash left mid-way (builds, drops): nothing reads those."""
+    def remove_partial(self, busy: Iterable[str] = ()) -> tuple[str, ...]:
+        """What a crash left mid-way (builds, drops): nothing reads those. ``busy``: keys being made now."""
         removed = []
+        skipped = {f".{key}.build" for key in busy}
         for partial in self.root.glob(".*"):
+            if partial.name in skipped:
+                continue
             shutil.rmtree(partial, ignore_errors=True)
             removed.append(partial.name)
         return tuple(removed)

@@ -228,6 +228,7 @@ class OciBackend:
         # start, one at a time per template; a key whose images failed to restore is not made again.
         self._boot_images = _boot_images.BootImages(state_dir) if boot_images and checkpoint_config else None
         self._boot_making: dict[str, asyncio.Task[None]] = {}
+        self._boot_sandboxes: set[str] = set()  # the private sandboxes of the images being made
         self._boot_refused: set[str] = set()
         self._boot_restore_config: Path | None = None
         if self._boot_images is not None and checkpoint_config is not None:
@@ -742,7 +743,8 @@ class OciBackend:
             reference = self._boot_images.find(key)
             if reference is not None:
                 if _criu_netns.same_as_new(images, reference):
-                    (images / _criu_netns.AS_NEW_MARK).touch()
+                    with contextlib.suppress(OSError):  # unmarked, it restores as it always did
+                        (images / _criu_netns.AS_NEW_MARK).touch()
                 return
 
     def _restore_config(self, images: Path, config: Path) -> Path:
@@ -913,6 +915,7 @@ class OciBackend:
         assert self._boot_images is not None
         assert self._checkpoint_config is not None
         sandbox_id = f"{_boot_images.BOOT_PREFIX}{secrets.token_hex(6)}"
+        self._boot_sandboxes.add(sandbox_id)
         try:
             await self.create(SandboxSpec(sandbox_id, template))
             try:
@@ -933,6 +936,8 @@ class OciBackend:
         except SandboxRuntimeError as exc:
             _log.warning("making the boot image of %s failed (its sandboxes boot): %s", template, exc)
             self._boot_refused.add(key)
+        finally:
+            self._boot_sandboxes.discard(sandbox_id)
 
     async def _checkpoint_to(self, record: Record, images: Path, config: Path) -> None:
         """The sandbox's processes written to ``images``; the checkpoint ends them (as a pause's does)."""
@@ -1294,10 +1299,14 @@ class OciBackend:
         kept_ids: set[tuple[int, str]] = set()
         self._runtime.root.mkdir(parents=True, exist_ok=True)  # a host restart may have emptied it
         if self._boot_images is not None:
-            cleaned += self._boot_images.remove_partial()
+            cleaned += self._boot_images.remove_partial(busy=self._boot_making)
         for record in self._records():
-            # A boot image's sandbox that a crash left (never a tenant's): released like a kill cut short.
-            record.releasing = record.releasing or record.sandbox_id.startswith(_boot_images.BOOT_PREFIX)
+            # A boot image's sandbox that a crash left (never a tenant's, nor one being made now):
+            # released like a kill cut short.
+            left = (
+                record.sandbox_id.startswith(_boot_images.BOOT_PREFIX) and record.sandbox_id not in self._boot_sandboxes
+            )
+            record.releasing = record.releasing or left
             if record.releasing:  # a kill that did not finish: finish it (a failure leaves it on record)
                 try:
                     self._release(record)

@@ -149,9 +149,14 @@ def test_reconcile_releases_what_a_crash_left_of_a_boot_image(booting: CrunBacke
     assert booting._boot_images is not None
     (booting._boot_images.root / ".0123.build" / "memory").mkdir(parents=True)
     assert run(booting.list()) == []
-    report = run(crun_backend(state_dir, boot_images=True).reconcile())
-    assert "boot-crashed" in report.cleaned
-    assert ".0123.build" in report.cleaned
+    second = crun_backend(state_dir, boot_images=True)
+    second._boot_sandboxes.add("boot-crashed")  # as if this backend were making an image with it now
+    first = run(second.reconcile())
+    assert "boot-crashed" not in first.cleaned
+    assert (state_dir / "sandboxes" / "boot-crashed").is_dir(), "an image being made is left alone"
+    assert ".0123.build" in first.cleaned
+    second._boot_sandboxes.clear()
+    assert "boot-crashed" in run(second.reconcile()).cleaned
     assert _leftovers(state_dir, ["boot-crashed"]) == []
     assert list(booting._boot_images.root.iterdir()) == []
 
