@@ -191,6 +191,18 @@ def check_traversable(folder: Path) -> None:
             )
 
 
+def write_whole(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write ``path`` so that a reader sees the old file or the new one, never a part.
+
+    For the files a runtime reads while another backend on the same state folder may be
+    writing them again (CRIU's option files and action script).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    os.replace(tmp, path)
+
+
 def tree_bytes(root: Path) -> int:
     """Bytes allocated under ``root`` (as du counts them), without following symlinks."""
     total = 0

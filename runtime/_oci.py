@@ -23,7 +23,8 @@ Choices, and why:
   namespace roots ``/sys/fs/cgroup`` at the sandbox's own cgroup; firmware and power counters are masked.
 - Limits: memory (hard, no swap), pids, CPU quota, set through the cgroup the runtime names;
   open files per process (``RLIMIT_NOFILE``); inotify instances and watches per sandbox user
-  namespace, written by a ``createRuntime`` hook (see ``INOTIFY_INSTANCES``).
+  namespace, written by a ``createRuntime`` hook (see ``INOTIFY_INSTANCES``), and after a CRIU
+  restore by its action script (``restore_limits_script``).
 """
 
 from __future__ import annotations
@@ -129,6 +130,11 @@ NOFILE_LIMIT = 65_536
 INOTIFY_INSTANCES = 128
 INOTIFY_WATCHES = 65_536
 
+# What the hook and the restore script run as root of the sandbox's user namespace: "$1" instances, "$2" watches.
+_WRITE_USERNS_LIMITS = (
+    'echo "$1" > /proc/sys/user/max_inotify_instances && echo "$2" > /proc/sys/user/max_inotify_watches'
+)
+
 # The createRuntime hook: reads the container state (JSON, with the init's pid) on stdin, joins
 # that process's user namespace as its root (host root, unmapped there, would lose every
 # capability at the exec of the shell that writes) and sets its limits. A shell, not Python: a
@@ -142,9 +148,33 @@ rest=${rest#*:}
 rest=${rest#"${rest%%[![:space:]]*}"}
 pid=${rest%%[!0-9]*}
 case $pid in ''|0*) echo "no pid in the container state" >&2; exit 1;; esac
-exec nsenter --user --target "$pid" sh -c \
-    'echo "$1" > /proc/sys/user/max_inotify_instances && echo "$2" > /proc/sys/user/max_inotify_watches' sh "$1" "$2"
-"""
+exec nsenter --user --target "$pid" sh -c 'WRITE_LIMITS' sh "$1" "$2"
+""".replace("WRITE_LIMITS", _WRITE_USERNS_LIMITS)
+
+
+def userns_limits_argv(pid: int) -> list[str]:
+    """The command, run as host root, that bounds the user namespace of ``pid`` as the hook does."""
+    argv = ["nsenter", "--user", "--target", str(pid), "sh", "-c", _WRITE_USERNS_LIMITS, "sh"]
+    return [*argv, str(INOTIFY_INSTANCES), str(INOTIFY_WATCHES)]
+
+
+def restore_limits_script() -> str:
+    """CRIU's action script that bounds inotify in a restored sandbox's user namespace.
+
+    A restore makes the user namespace anew, with the kernel's unbounded defaults, and runs no
+    createRuntime hook; so every checkpoint restored (a resume, a snapshot's sandbox, a boot
+    image's) would leave its tenant free to use up host root's inotify instances. CRIU runs
+    the script at each stage of a dump and a restore; at ``pre-resume`` the restored tree is
+    complete and none of its processes has run yet, and ``CRTOOLS_INIT_PID`` is its init, as the
+    host sees it. A failure there fails the restore, so no sandbox runs unbounded.
+    """
+    return (
+        '[ "$CRTOOLS_SCRIPT_ACTION" = pre-resume ] || exit 0\n'
+        'case $CRTOOLS_INIT_PID in ""|0*|*[!0-9]*) echo "no init pid from CRIU" >&2; exit 1;; esac\n'
+        f"exec nsenter --user --target \"$CRTOOLS_INIT_PID\" sh -c '{_WRITE_USERNS_LIMITS}' sh"
+        f" {INOTIFY_INSTANCES} {INOTIFY_WATCHES}\n"
+    )
+
 
 _CPU_PERIOD = 100_000
 # null, zero, full, random, urandom, tty, ptmx, and every pts: what a shell session needs.

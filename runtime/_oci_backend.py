@@ -186,6 +186,18 @@ class Record:
         os.replace(tmp, path)
 
 
+def _derived_config(base: Path, name: str, more: str) -> Path:
+    """CRIU's option file ``base`` with ``more`` options, beside it as ``<base>-<name>.conf``."""
+    derived = base.with_name(f"{base.stem}-{name}.conf")
+    _hostfs.write_whole(derived, base.read_text() + more)
+    return derived
+
+
+def _bound_user_namespace(pid: int) -> None:
+    """Give the user namespace of ``pid`` the bounds the createRuntime hook gives a created sandbox."""
+    _hostfs.run(*_oci.userns_limits_argv(pid))
+
+
 @contextlib.contextmanager
 def _reported(what: str) -> Iterator[None]:
     """The runtime's own errors pass; what the OS or a command raised becomes a BackendError saying ``what``."""
@@ -230,14 +242,28 @@ class OciBackend:
         self._boot_making: dict[str, asyncio.Task[None]] = {}
         self._boot_sandboxes: set[str] = set()  # the private sandboxes of the images being made
         self._boot_refused: set[str] = set()
+        # CRIU's option files for restores, beside the checkpoint's (which dumps with it as it is).
+        # A restore makes the user namespace anew, unbounded, and runs no createRuntime hook:
+        # processes that ran a tenant's code are bounded by CRIU's action script before they
+        # resume (``_oci.restore_limits_script``; ~3 ms for each of CRIU's six restore stages);
+        # a boot image's, which never ran anyone's, by the backend once restored, before its
+        # address is published (``_bound_user_namespace``), so a create pays no stage scripts.
+        # A network namespace as a new one's (a boot image's, or a checkpoint marked by
+        # ``_mark_netns_as_new``) holds its loopback only: CRIU makes it empty instead of
+        # restoring it (~25 ms less, spawning no ip or iptables) and the plug sets it up as at a
+        # boot. Other checkpoints restore theirs, which may hold the tenant's own addresses,
+        # routes and rules.
+        self._replay_config: Path | None = None
+        self._as_new_config: Path | None = None
         self._boot_restore_config: Path | None = None
-        if self._boot_images is not None and checkpoint_config is not None:
-            # A boot image's network namespace holds its loopback only, as a new one does: CRIU
-            # makes it empty instead of restoring it (~25 ms less, spawning no ip or iptables),
-            # and the plug sets it up as at a boot. Pauses and snapshots restore theirs, which
-            # may hold the tenant's own addresses, routes and rules.
-            self._boot_restore_config = checkpoint_config.with_name(f"{checkpoint_config.stem}-boot-image.conf")
-            self._boot_restore_config.write_text(checkpoint_config.read_text() + "empty-ns net\n")
+        if checkpoint_config is not None:
+            script = checkpoint_config.with_name("criu-restore-limits.sh")
+            _hostfs.write_whole(script, "#!/bin/sh\n" + _oci.restore_limits_script(), mode=0o755)
+            bounding = f"action-script {script}\n"
+            self._replay_config = _derived_config(checkpoint_config, "restore", bounding)
+            self._as_new_config = _derived_config(checkpoint_config, "restore-as-new", "empty-ns net\n" + bounding)
+            if self._boot_images is not None:
+                self._boot_restore_config = _derived_config(checkpoint_config, "boot-image", "empty-ns net\n")
         # With ``runtime_netns`` the runtime makes the sandbox's network namespace inside the
         # sandbox's user namespace, and the host names it and plugs the veth in between the
         # runtime's create and start (``_plug``), as for Docker's. A checkpoint needs this: CRIU
@@ -712,7 +738,7 @@ class OciBackend:
         # sandbox's folder above is its root's, 0700.
         os.chmod(images, 0o711)  # noqa: S103 - search only, below a 0700 folder
 
-    async def _restore_memory(self, record: Record, config: Path) -> None:
+    async def _restore_memory(self, record: Record) -> None:
         """The checkpointed processes running again in a new container on the same files and address.
 
         After a host restart the mounts come back first (``_restore_for_boot``). A restore that
@@ -723,7 +749,7 @@ class OciBackend:
         await asyncio.to_thread(self._restore_for_boot, record)
         try:
             images = Path(record.memory)
-            await self._restore_into_container(record, images, self._restore_config(images, config))
+            await self._restore_into_container(record, images, self._restore_config(images))
         except BackendError as exc:
             _log.warning("restoring %s from its checkpoint failed, booting it afresh: %s", record.sandbox_id, exc)
             await asyncio.to_thread(self._remove_cgroups, record.sandbox_id)
@@ -747,11 +773,13 @@ class OciBackend:
                         (images / _criu_netns.AS_NEW_MARK).touch()
                 return
 
-    def _restore_config(self, images: Path, config: Path) -> Path:
-        """CRIU's options for restoring ``images``: an empty network namespace when theirs was a new one."""
-        if self._boot_restore_config is not None and (images / _criu_netns.AS_NEW_MARK).exists():
-            return self._boot_restore_config
-        return config
+    def _restore_config(self, images: Path) -> Path:
+        """CRIU's options for restoring a checkpoint: an empty network namespace when theirs was a new one."""
+        assert self._replay_config is not None
+        assert self._as_new_config is not None
+        if (images / _criu_netns.AS_NEW_MARK).exists():
+            return self._as_new_config
+        return self._replay_config
 
     def _discard_images(self, images: Path) -> None:
         """Restored images go: renamed at once, their ~26 MB removed in the background, off the resume's path.
@@ -766,8 +794,13 @@ class OciBackend:
             return
         asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, gone, True)
 
-    async def _restore_into_container(self, record: Record, images: Path, config: Path) -> None:
+    async def _restore_into_container(
+        self, record: Record, images: Path, config: Path, *, bound_after: bool = False
+    ) -> None:
         """``images`` running in a new container of the sandbox, plugged in and answering ``/health``.
+
+        ``bound_after``: the user namespace is bounded here, while the veth is plugged in, as
+        ``config`` has no action script doing it (a boot image's: see ``_boot_restore_config``).
 
         A failure is a BackendError carrying CRIU's errors (its log is kept as
         ``logs/restore.log``), with no container left; what to do then is the caller's.
@@ -789,7 +822,13 @@ class OciBackend:
                 self._runtime.restore(home / "bundle", container, log, images, config=config),
                 asyncio.to_thread(functools.partial(_network.apply_rules, net, egress=egress, policy=policy)),
             )
-            await asyncio.to_thread(functools.partial(self._plug, record, container, pid=restored, rules_applied=True))
+            plugging = asyncio.to_thread(
+                functools.partial(self._plug, record, container, pid=restored, rules_applied=True)
+            )
+            if bound_after:
+                await _together(plugging, asyncio.to_thread(_bound_user_namespace, restored))
+            else:
+                await plugging
             await _health.wait_healthy(f"http://{net.sandbox_ip}:{ENVD_PORT}/health", log, None)
         except BackendError as exc:
             kept = home / "logs" / "restore.log"
@@ -815,9 +854,9 @@ class OciBackend:
         """
         if self._checkpoint_config is None:
             raise BackendError(f"{record.template} holds memory; this server cannot restore it")
-        await self._continue_images(record, snapshot, self._checkpoint_config, f"the memory of {record.template}")
+        await self._continue_images(record, snapshot, f"the memory of {record.template}")
 
-    async def _continue_images(self, record: Record, source: Path, config: Path, what: str) -> None:
+    async def _continue_images(self, record: Record, source: Path, what: str, *, boot_image: bool = False) -> None:
         """The processes in ``source`` (a snapshot's or a boot image's) running in the sandbox as its own."""
         assert record.network is not None
         home = self._home(record.sandbox_id)
@@ -838,7 +877,11 @@ class OciBackend:
             raise BackendError(f"{what} cannot be restored here: {exc}") from None
         os.chmod(images, 0o711)  # noqa: S103 - as for a pause's images (``_checkpoint``)
         try:
-            await self._restore_into_container(record, images, self._restore_config(images, config))
+            if boot_image:
+                assert self._boot_restore_config is not None
+                await self._restore_into_container(record, images, self._boot_restore_config, bound_after=True)
+            else:
+                await self._restore_into_container(record, images, self._restore_config(images))
         finally:
             self._discard_images(images)
             record.memory = None
@@ -882,9 +925,7 @@ class OciBackend:
             self._want_boot_image(record.template, key)
             return
         try:
-            await self._continue_images(
-                record, images, self._boot_restore_config, f"the boot image of {record.template}"
-            )
+            await self._continue_images(record, images, f"the boot image of {record.template}", boot_image=True)
         except BackendError as exc:
             _log.warning(
                 "starting %s from the boot image of %s failed, booting it: %s", record.sandbox_id, record.template, exc
@@ -973,7 +1014,7 @@ class OciBackend:
                 if current is State.PAUSED and record.memory is not None:
                     if self._checkpoint_config is None:
                         raise BackendError(f"sandbox {sandbox_id} was checkpointed; this server cannot restore it")
-                    await self._restore_memory(record, self._checkpoint_config)
+                    await self._restore_memory(record)
                 elif current is State.PAUSED:
                     assert record.container is not None
                     await self._runtime.thaw(record.container)

@@ -244,7 +244,7 @@ class CrunBackend(OciBackend):
             crun = str(checkpoint_tools.crun)
             state_dir.mkdir(parents=True, exist_ok=True)
             config = state_dir / "criu.conf"
-            config.write_text(CRIU_OPTIONS)
+            _hostfs.write_whole(config, CRIU_OPTIONS)
             _checkpoint_tools.keep_kernel_facts(checkpoint_tools)  # 30-60 ms of every checkpoint and restore
             self.features = self.features | {Feature.PAUSE_MEMORY_ON_DISK, Feature.SNAPSHOT_MEMORY}
         super().__init__(
@@ -275,6 +275,7 @@ class CrunBackend(OciBackend):
 # - skip-in-flight: a connection half-open at that moment is dropped, its client retries;
 # - file-locks: flock/fcntl locks held inside the sandbox are kept (without it CRIU refuses them);
 #   crun also passes its own flag for it (``--file-locks``), which wins over this file.
+# Restores add theirs (``OciBackend._replay_config`` and its siblings).
 CRIU_OPTIONS = "tcp-close\nnetwork-lock skip\nskip-in-flight\nfile-locks\n"
 
 

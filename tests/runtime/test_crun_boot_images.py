@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from contract.protocol import ENVD_PORT
+from runtime._oci import INOTIFY_INSTANCES, INOTIFY_WATCHES
 from runtime._oci_backend import Record
 from runtime.backend import SandboxSpec
 from runtime.crun import CrunBackend
@@ -32,6 +33,9 @@ pytestmark = [
 _IDENTITY = "hostname; cat /run/e2b/.E2B_SANDBOX_ID; echo; head -c 22 /proc/self/uid_map"
 # The sandbox's own processes, without the shell and ps this command adds.
 _PROCESSES = "ps -e -o user=,args= | grep -v -e ' ps -e' -e 'bash -c'"
+# A restore makes the user namespace anew: the bounds the createRuntime hook gives a booted sandbox.
+_INOTIFY_BOUNDS = "cat /proc/sys/user/max_inotify_instances /proc/sys/user/max_inotify_watches"
+_BOUNDED = f"{INOTIFY_INSTANCES}\n{INOTIFY_WATCHES}\n".encode()
 # Its network as a process sees it: loopback up with both addresses, reaching the agent; the interfaces.
 _NETWORK = (
     "cat /sys/class/net/lo/flags; grep -c ' lo$' /proc/net/if_inet6; ls /sys/class/net | wc -l; "
@@ -107,6 +111,7 @@ def test_a_template_boots_once_and_its_next_sandboxes_restore_its_boot_image(
         assert [hostname, published] == [sandbox_id, sandbox_id]
         assert int(uid_map.split()[1]) == booting._record(sandbox_id).ids, "its own id range"
         assert shell(host, _PROCESSES)[1] == cold_processes
+        assert shell(host, _INOTIFY_BOUNDS) == (0, _BOUNDED, b""), "bounded as a booted sandbox"
         # CRIU made its network namespace empty, as a new one (``_boot_restore_config``): the plug set it up.
         assert shell(host, _NETWORK) == cold_network
         # /init gives a restored agent its ids (from /run/e2b) and its environment, as a booted one.
@@ -185,8 +190,9 @@ def test_a_pause_whose_network_namespace_is_as_new_restores_it_empty_and_one_cha
         assert (images / ".netns-as-new").exists() == (sandbox_id == "np1")
         hosts[sandbox_id] = run(booting.resume(sandbox_id)).host or ""
         assert shell(hosts[sandbox_id], "cat /tmp/ram.txt", fresh_connection=True) == (0, b"in-ram\n", b"")
-    assert configs["np1"] == booting._boot_restore_config, "made empty, as a new one"
-    assert configs["np2"] == booting._checkpoint_config, "replayed"
+        assert shell(hosts[sandbox_id], _INOTIFY_BOUNDS, fresh_connection=True) == (0, _BOUNDED, b"")
+    assert configs["np1"] == booting._as_new_config, "made empty, as a new one"
+    assert configs["np2"] == booting._replay_config, "replayed"
     assert shell(hosts["np1"], _NETWORK, fresh_connection=True) == (0, b"0x9\n1\n2\nlo-reaches-the-agent\n", b"")
     code, out, _ = shell(hosts["np2"], "ip -4 -o addr show dev lo", fresh_connection=True)
     assert code == 0
@@ -196,8 +202,9 @@ def test_a_pause_whose_network_namespace_is_as_new_restores_it_empty_and_one_cha
     assert (state_dir / "snapshots" / snapshot / "memory" / ".netns-as-new").exists()
     run(booting.create(SandboxSpec("np3", snapshot, limits=SMALL)))
     forked = run(booting.start("np3")).host or ""
-    assert configs["np3"] == booting._boot_restore_config
+    assert configs["np3"] == booting._as_new_config
     assert shell(forked, "cat /tmp/ram.txt", fresh_connection=True) == (0, b"in-ram\n", b"")
+    assert shell(forked, _INOTIFY_BOUNDS, fresh_connection=True) == (0, _BOUNDED, b"")
     run(booting.release_snapshot(snapshot))
     for sandbox_id in ("np0", "np1", "np2", "np3"):
         assert run(booting.kill(sandbox_id))

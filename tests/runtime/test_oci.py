@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,17 +106,15 @@ def test_the_hook_is_a_shell_with_the_limits_as_arguments() -> None:
     assert "hooks" not in _oci.config(plan(userns_limits_hook=False))
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="joins another process's user namespace: root only")
-@pytest.mark.parametrize(
-    "layout",
-    [
-        '{{"ociVersion":"1.0.0","id":"e2b-x","pid":{pid},"status":"created"}}',
-        '{{"id": "e2b-x", "pid" :\t {pid}, "status": "created"}}',
-    ],
-    ids=["compact", "spaced"],
-)
-def test_the_hook_sets_the_user_namespace_inotify_limits(layout: str) -> None:
-    """The hook finds the init's pid in the runtime's state (compact or spaced) and bounds its user namespace."""
+def _run_restore_script(action: str, init_pid: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CRTOOLS_SCRIPT_ACTION": action, "CRTOOLS_INIT_PID": init_pid}
+    script = _oci.restore_limits_script()
+    return subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, check=False)
+
+
+@pytest.fixture
+def unbounded_init() -> Iterator[int]:
+    """A process in a user namespace of its own, mapped as the runtime maps a sandbox's, with no limits set."""
     init = subprocess.Popen(["unshare", "--user", "sleep", "60"])
     try:
         for _ in range(100):  # until unshare has made the namespace
@@ -125,14 +124,51 @@ def test_the_hook_sets_the_user_namespace_inotify_limits(layout: str) -> None:
         # As the runtime maps it: the namespace's root is an unprivileged host uid, host root is not mapped.
         for name in ("uid_map", "gid_map"):
             Path(f"/proc/{init.pid}/{name}").write_text("0 1000000 65536\n")
-        unbounded = _userns_limits(init.pid)
-        assert unbounded != [str(_oci.INOTIFY_INSTANCES), str(_oci.INOTIFY_WATCHES)]
-        done = _run_hook(layout.format(pid=init.pid))
-        assert (done.returncode, done.stderr) == (0, "")
-        assert _userns_limits(init.pid) == [str(_oci.INOTIFY_INSTANCES), str(_oci.INOTIFY_WATCHES)]
+        assert _userns_limits(init.pid) != [str(_oci.INOTIFY_INSTANCES), str(_oci.INOTIFY_WATCHES)]
+        yield init.pid
     finally:
         init.kill()
         init.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="joins another process's user namespace: root only")
+@pytest.mark.parametrize(
+    "layout",
+    [
+        '{{"ociVersion":"1.0.0","id":"e2b-x","pid":{pid},"status":"created"}}',
+        '{{"id": "e2b-x", "pid" :\t {pid}, "status": "created"}}',
+    ],
+    ids=["compact", "spaced"],
+)
+def test_the_hook_sets_the_user_namespace_inotify_limits(layout: str, unbounded_init: int) -> None:
+    """The hook finds the init's pid in the runtime's state (compact or spaced) and bounds its user namespace."""
+    done = _run_hook(layout.format(pid=unbounded_init))
+    assert (done.returncode, done.stderr) == (0, "")
+    assert _userns_limits(unbounded_init) == [str(_oci.INOTIFY_INSTANCES), str(_oci.INOTIFY_WATCHES)]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="joins another process's user namespace: root only")
+def test_the_restore_script_sets_the_limits_before_the_restored_tree_resumes_and_only_then(
+    unbounded_init: int,
+) -> None:
+    before = _userns_limits(unbounded_init)
+    for action in ("pre-dump", "post-dump", "pre-restore", "setup-namespaces", "post-restore", "post-resume"):
+        assert _run_restore_script(action, str(unbounded_init)).returncode == 0, action
+    assert _userns_limits(unbounded_init) == before, "no stage but pre-resume touches the namespace"
+    done = _run_restore_script("pre-resume", str(unbounded_init))
+    assert (done.returncode, done.stderr) == (0, "")
+    assert _userns_limits(unbounded_init) == [str(_oci.INOTIFY_INSTANCES), str(_oci.INOTIFY_WATCHES)]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="joins another process's user namespace: root only")
+def test_the_backend_bounds_a_restored_namespace_as_the_hook_does(unbounded_init: int) -> None:
+    subprocess.run(_oci.userns_limits_argv(unbounded_init), check=True)
+    assert _userns_limits(unbounded_init) == [str(_oci.INOTIFY_INSTANCES), str(_oci.INOTIFY_WATCHES)]
+
+
+@pytest.mark.parametrize("init_pid", ["", "0", "12x", "4194305"])
+def test_the_restore_script_fails_without_a_live_init_so_criu_fails_the_restore(init_pid: str) -> None:
+    assert _run_restore_script("pre-resume", init_pid).returncode != 0
 
 
 @pytest.mark.parametrize("state", ['{"id": "e2b-x"}', '{"pid": 0}', '{"pid": "12"}', '{"pid": 4194305}', ""])
