@@ -103,9 +103,13 @@ class BootImages:
 
     def commit(self, building: Path, key: str, template: str) -> Path:
         """The images in ``building`` become ``key``'s, with their manifest; other images of the template go."""
-        (building / _MANIFEST).write_text(json.dumps({"template": template, "key": key}, indent=1))
         target = self.root / key
-        shutil.rmtree(target, ignore_errors=True)  # only a broken one can be there: complete ones are found first
+        if self.find(key) is not None:
+            # Complete images are never replaced: starts may be linking them right now.
+            shutil.rmtree(building, ignore_errors=True)
+            return target / _MEMORY
+        (building / _MANIFEST).write_text(json.dumps({"template": template, "key": key}, indent=1))
+        self.drop(key)  # a broken one (no manifest): nobody reads it
         os.rename(building, target)
         for other in self.root.iterdir():
             if other.name != key and not other.name.startswith(".") and self._template_of(other) == template:

@@ -863,7 +863,11 @@ class OciBackend:
         images = home / _MEMORY
         await asyncio.to_thread(shutil.rmtree, images, True)
         # Linked, not copied: the two images rewritten are replaced (new files), the rest only read.
-        await asyncio.to_thread(shutil.copytree, source, images, copy_function=_link_or_copy)
+        try:
+            await asyncio.to_thread(shutil.copytree, source, images, copy_function=_link_or_copy)
+        except OSError as exc:  # the source went meanwhile (a released snapshot, a dropped boot image)
+            await asyncio.to_thread(shutil.rmtree, images, True)
+            raise BackendError(f"{what} cannot be read: {str(exc)[:300]}") from None
         mapping = self._sandbox_mapping(record)
         try:
             await asyncio.to_thread(
@@ -927,6 +931,12 @@ class OciBackend:
         try:
             await self._continue_images(record, images, f"the boot image of {record.template}", boot_image=True)
         except BackendError as exc:
+            if self._boot_images.find(key) != images:
+                # Gone while it was being linked (dropped after another start's failed restore, or
+                # replaced for a rebuilt template): nothing wrong with it, the sandbox boots.
+                await asyncio.to_thread(self._remove_cgroups, record.sandbox_id)
+                await self._boot(record)
+                return
             _log.warning(
                 "starting %s from the boot image of %s failed, booting it: %s", record.sandbox_id, record.template, exc
             )
@@ -941,11 +951,15 @@ class OciBackend:
             await asyncio.wait(list(self._boot_making.values()))
 
     def _want_boot_image(self, template: str, key: str) -> None:
-        if key in self._boot_refused or key in self._boot_making:
+        # Sandboxes that began booting before the image was made finish after it: they want none.
+        if key in self._boot_refused or key in self._boot_making or self._has_boot_image(key):
             return
         task = asyncio.get_running_loop().create_task(self._make_boot_image(template, key))
         self._boot_making[key] = task
         task.add_done_callback(lambda _done: self._boot_making.pop(key, None))
+
+    def _has_boot_image(self, key: str) -> bool:
+        return self._boot_images is not None and self._boot_images.find(key) is not None
 
     async def _make_boot_image(self, template: str, key: str) -> None:
         """Boot a private sandbox of ``template``, checkpoint it before any request, keep the images.

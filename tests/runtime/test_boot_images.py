@@ -85,6 +85,29 @@ def test_images_are_found_only_once_complete_and_a_new_key_replaces_the_template
     images.drop("never-made")  # nothing to drop: no error
 
 
+def test_complete_images_are_never_replaced_and_broken_ones_are(tmp_path: Path) -> None:
+    """Starts may be linking a key's images at any moment: a second make of the key keeps the first."""
+    images = BootImages(tmp_path)
+    first = images.build_folder("k1")
+    (first / "memory").mkdir()
+    (first / "memory" / "pages-1.img").write_bytes(b"first")
+    inode = (images.commit(first, "k1", "base") / "pages-1.img").stat().st_ino
+    second = images.build_folder("k1")
+    (second / "memory").mkdir()
+    (second / "memory" / "pages-1.img").write_bytes(b"second")
+    kept = images.commit(second, "k1", "base")
+    assert (kept / "pages-1.img").stat().st_ino == inode, "the same files, not a replaced folder"
+    assert (kept / "pages-1.img").read_bytes() == b"first"
+    assert not second.exists(), "the second build went"
+    (images.root / "k1" / "manifest.json").unlink()  # broken: find() never returns it, so nobody reads it
+    assert images.find("k1") is None
+    third = images.build_folder("k1")
+    (third / "memory").mkdir()
+    (third / "memory" / "pages-1.img").write_bytes(b"third")
+    assert (images.commit(third, "k1", "base") / "pages-1.img").read_bytes() == b"third"
+    assert [p.name for p in images.root.iterdir()] == ["k1"]
+
+
 def test_what_a_crash_left_mid_way_is_removed(tmp_path: Path) -> None:
     images = BootImages(tmp_path)
     (images.build_folder("k1") / "memory").mkdir()

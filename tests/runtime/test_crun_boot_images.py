@@ -147,6 +147,37 @@ def test_a_boot_image_that_fails_to_restore_is_dropped_and_the_sandbox_boots(
     assert _leftovers(state_dir, ["bf1", "bf2", "bf3"]) == []
 
 
+def test_an_image_gone_while_a_start_links_it_boots_that_start_and_is_not_refused(
+    booting: CrunBackend, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _start(booting, "bg1")
+    images = booting._boot_images
+    assert images is not None
+    (key,) = images.names()
+    # Sandboxes that began booting before the image existed finish after it: no second image.
+    booting._want_boot_image("base", key)
+    assert booting._boot_making == {}, "a key with images is not made again"
+    boots = _count_boots(booting, monkeypatch)
+    continue_images = booting._continue_images
+
+    async def dropped_first(record: Record, source: Path, what: str, *, boot_image: bool = False) -> None:
+        images.drop(key)  # as another start's failed restore would, while this one links
+        await continue_images(record, source, what, boot_image=boot_image)
+
+    monkeypatch.setattr(booting, "_continue_images", dropped_first)
+    host = _start(booting, "bg2")
+    assert boots[0] == "bg2", "booted"
+    assert shell(host, "echo up", fresh_connection=True) == (0, b"up\n", b"")
+    assert key not in booting._boot_refused, "nothing was wrong with the image"
+    assert images.names() == [], "its next cold start makes it again"
+    monkeypatch.setattr(booting, "_continue_images", continue_images)
+    _start(booting, "bg3")
+    assert images.names() == [key]
+    for sandbox_id in ("bg1", "bg2", "bg3"):
+        assert run(booting.kill(sandbox_id))
+    assert _leftovers(state_dir, ["bg1", "bg2", "bg3"]) == []
+
+
 def test_reconcile_releases_what_a_crash_left_of_a_boot_image(booting: CrunBackend, state_dir: Path) -> None:
     # A crash while an image was being made: its sandbox runs on record, a build folder is half written.
     run(booting.create(SandboxSpec("boot-crashed", "base", limits=SMALL)))
