@@ -245,7 +245,7 @@ class OciBackend:
         # CRIU's option files for restores, beside the checkpoint's (which dumps with it as it is).
         # A restore makes the user namespace anew, unbounded, and runs no createRuntime hook:
         # processes that ran a tenant's code are bounded by CRIU's action script before they
-        # resume (``_oci.restore_limits_script``; ~3 ms for each of CRIU's six restore stages);
+        # resume (``_oci.restore_limits_script``; ~3 ms for each of a restore's seven stages);
         # a boot image's, which never ran anyone's, by the backend once restored, before its
         # address is published (``_bound_user_namespace``), so a create pays no stage scripts.
         # A network namespace as a new one's (a boot image's, or a checkpoint marked by
