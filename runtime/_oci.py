@@ -166,7 +166,8 @@ def restore_limits_script() -> str:
     image's) would leave its tenant free to use up host root's inotify instances. CRIU runs
     the script at each stage of a dump and a restore; at ``pre-resume`` the restored tree is
     complete and none of its processes has run yet, and ``CRTOOLS_INIT_PID`` is its init, as the
-    host sees it. A failure there fails the restore, so no sandbox runs unbounded.
+    host sees it. A failure there fails the restore, so no sandbox runs unbounded. A boot
+    image's restore runs without it: the backend bounds that one (``userns_limits_argv``).
     """
     return (
         '[ "$CRTOOLS_SCRIPT_ACTION" = pre-resume ] || exit 0\n'
