@@ -128,7 +128,10 @@ class ContainerRuntime(Protocol):
     ``delete`` kills and removes a container, and is fine with one that is already gone;
     ``status`` is the runtime's word for a container's state (``created``, ``running``,
     ``paused``, ``stopped``), or None when it does not know it. These two block: the backend
-    calls them from worker threads.
+    calls them from worker threads. The others run in a process group of their own and never
+    outlive their caller: one cancelled meanwhile (a server stopping) waits for the command
+    first, since the sandbox's lock goes with it, and a command past its bound is ended with
+    its group (``BackendError``); crun's are ``runtime.crun.CrunCommand``'s.
 
     A runtime that ``passes_ready_fd`` gives ``create``'s ``ready_fd`` to the container's init
     as its descriptor 3 (crun's ``--preserve-fds``), which the init's child, the agent, inherits:
@@ -971,6 +974,7 @@ class OciBackend:
         assert self._checkpoint_config is not None
         sandbox_id = f"{_boot_images.BOOT_PREFIX}{secrets.token_hex(6)}"
         self._boot_sandboxes.add(sandbox_id)
+        building: Path | None = None  # until committed
         try:
             await self.create(SandboxSpec(sandbox_id, template))
             try:
@@ -983,11 +987,16 @@ class OciBackend:
                         if self._template_boot_key(template, record.lowers, record.spec["command"]) != key:
                             return  # the template was rebuilt meanwhile: its next cold start makes the new one
                         building = await asyncio.to_thread(self._boot_images.build_folder, key)
+                        # Cancelled meanwhile (a server stopping), the checkpoint still ends first
+                        # (``crun._finished``): the kill below must not meet it half-way.
                         await self._checkpoint_to(record, building / _MEMORY, self._checkpoint_config)
                         await asyncio.to_thread(self._boot_images.commit, building, key, template)
+                        building = None
                 _log.info("made the boot image of %s: its sandboxes start from it now", template)
             finally:
                 await self.kill(sandbox_id)
+                if building is not None:
+                    await asyncio.to_thread(shutil.rmtree, building, True)
         except SandboxRuntimeError as exc:
             _log.warning("making the boot image of %s failed (its sandboxes boot): %s", template, exc)
             self._boot_refused.add(key)

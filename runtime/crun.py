@@ -16,13 +16,15 @@ global_args=...)`` under an ``OciBackend`` subclass of its own, in a module like
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _checkpoint_tools, _hostfs, _idmap, _ksm, _network, host
 from ._addresses import AddressRegistry
@@ -45,7 +47,14 @@ __all__ = [
     "prepare_host",
 ]
 
+_T = TypeVar("_T")
+
 _DELETE_TIMEOUT_S = 10.0
+# How long a runtime command may take before it is ended (its process group killed). Far above
+# what a healthy one takes (a create or a freeze: tens of ms; a checkpoint or a restore writes or
+# reads the sandbox's memory: seconds for GiBs): only a hung one reaches them.
+_COMMAND_TIMEOUT_S = 120.0
+_MEMORY_TIMEOUT_S = 600.0
 
 
 class CrunCommand:
@@ -82,7 +91,7 @@ class CrunCommand:
             raise ValueError(f"{self.name} is not asked to pass descriptors on")
         passed = ("--preserve-fds", "1") if ready_fd is not None else ()
         argv = self.argv("create", *passed, "--bundle", str(bundle), container)
-        await self._spawn_container(bundle, argv, log, f"create failed for {container}", ready_fd=ready_fd)
+        await self._spawn_container(bundle, argv, log, f"create of {container}", ready_fd=ready_fd)
 
     async def restore(self, bundle: Path, container: str, log: Path, images: Path, *, config: Path) -> int:
         """The container of ``images`` (a ``checkpoint``) running again, its processes where they were.
@@ -105,7 +114,7 @@ class CrunCommand:
             str(bundle),
             container,
         )
-        await self._spawn_container(bundle, argv, log, f"restore failed for {container}", config=config)
+        await self._spawn_container(bundle, argv, log, f"restore of {container}", config=config)
         try:
             pid = int(pid_file.read_text().strip() or "0")
         except (OSError, ValueError):
@@ -121,7 +130,16 @@ class CrunCommand:
         """
         kept = ("--leave-running",) if leave_running else ()
         # --file-locks on the command line: crun sets CRIU's flag from it, over the option file's.
-        await self._checked("checkpoint", *kept, "--file-locks", "--image-path", str(images), container, config=config)
+        await self._checked(
+            "checkpoint",
+            *kept,
+            "--file-locks",
+            "--image-path",
+            str(images),
+            container,
+            config=config,
+            timeout=_MEMORY_TIMEOUT_S,
+        )
 
     def pid(self, container: str) -> int:
         """The container's init, as the host sees it (BackendError when the runtime knows none)."""
@@ -136,7 +154,7 @@ class CrunCommand:
         bundle: Path,
         argv: list[str],
         log: Path,
-        failed: str,
+        what: str,
         *,
         ready_fd: int | None = None,
         config: Path | None = None,
@@ -163,11 +181,12 @@ class CrunCommand:
         finally:
             os.close(out)
             os.close(stdin)
-        code = await proc.wait()
+        timeout = _COMMAND_TIMEOUT_S if config is None else _MEMORY_TIMEOUT_S
+        code = await _finished(proc, proc.wait(), timeout, f"{self.name} {what}")
         if code != 0:
             # No container holds the pipe: the writer ends as soon as it has written crun's error.
             await asyncio.to_thread(_hostfs.wait_log_writer, log, _DELETE_TIMEOUT_S)
-            raise BackendError(f"{self.name} {failed}: {_hostfs.tail(log)}")
+            raise BackendError(f"{self.name} {what} failed: {_hostfs.tail(log)}")
 
     def _env(self, config: Path | None = None) -> dict[str, str] | None:
         if config is None:
@@ -205,18 +224,54 @@ class CrunCommand:
         status: str = json.loads(proc.stdout).get("status", "")
         return status
 
-    async def _checked(self, *args: str, config: Path | None = None) -> None:
+    async def _checked(self, *args: str, config: Path | None = None, timeout: float = _COMMAND_TIMEOUT_S) -> None:
         proc = await asyncio.create_subprocess_exec(
             *self.argv(*args),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=self._env(config),
+            # A group of its own, as the container's: a signal to the server's group (Ctrl-C, a
+            # supervisor stopping it) must not cut a checkpoint in half; ``_finished`` ends it.
+            start_new_session=True,
         )
-        _, err = await proc.communicate()
+        _, err = await _finished(proc, proc.communicate(), timeout, f"{self.name} {args[0]}")
         if proc.returncode != 0:
             message = err.decode(errors="replace")[-500:]
             raise BackendError(f"{self.name} {' '.join(args)} failed ({proc.returncode}): {message}")
+
+
+async def _finished(proc: asyncio.subprocess.Process, ending: Awaitable[_T], timeout: float, what: str) -> _T:
+    """What ``ending`` (the wait for ``proc``, a runtime command in a session of its own) gives.
+
+    A caller cancelled meanwhile (a server stopping, a request given up) still waits for the
+    command, within the same bound, before the cancellation goes on: the command acts on a
+    sandbox whose lock the caller holds, and what the caller does next (a kill, a reconcile)
+    must not overlap it. A container killed while CRIU dumps it can leave both hung (seen for
+    minutes): CRIU waits for the tasks it seized, the container's init for its children, which
+    CRIU holds. A command still running at ``timeout`` is ended with its whole group (crun and the CRIU it
+    started): ``BackendError``.
+    """
+    job = asyncio.ensure_future(ending)
+    deadline = asyncio.get_running_loop().time() + timeout
+    try:
+        await asyncio.wait({job}, timeout=timeout)  # a cancellation interrupts the wait, not the job
+    except asyncio.CancelledError:
+        await asyncio.wait({job}, timeout=max(0.0, deadline - asyncio.get_running_loop().time()))
+        if not job.done():
+            await _ended(proc, job)
+        raise
+    if not job.done():
+        await _ended(proc, job)
+        raise BackendError(f"{what} did not finish within {timeout:g} s: ended")
+    return job.result()
+
+
+async def _ended(proc: asyncio.subprocess.Process, job: asyncio.Future[Any]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        await job
 
 
 class CrunBackend(OciBackend):

@@ -6,11 +6,15 @@ prepare`` does). Each test kills what it made and checks that nothing is left.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -176,6 +180,90 @@ def test_an_image_gone_while_a_start_links_it_boots_that_start_and_is_not_refuse
     for sandbox_id in ("bg1", "bg2", "bg3"):
         assert run(booting.kill(sandbox_id))
     assert _leftovers(state_dir, ["bg1", "bg2", "bg3"]) == []
+
+
+def test_a_make_cancelled_mid_checkpoint_lets_the_checkpoint_end_and_leaves_nothing(
+    booting: CrunBackend, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server stopping while an image is made. The kill used to meet CRIU mid-dump: both could hang for good."""
+    boots = _count_boots(booting, monkeypatch)
+    checkpoints: list[int] = []
+    running_at_delete: list[list[int]] = []
+    spawn = asyncio.create_subprocess_exec
+    delete = booting._runtime.delete
+
+    async def noted_spawn(*argv: str, **kwargs: Any) -> asyncio.subprocess.Process:
+        proc = await spawn(*argv, **kwargs)
+        if "checkpoint" in argv:
+            checkpoints.append(proc.pid)
+        return proc
+
+    def noted_delete(container: str) -> None:
+        running_at_delete.append([pid for pid in checkpoints if _running(pid)])
+        delete(container)
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", noted_spawn)
+    monkeypatch.setattr(booting._runtime, "delete", noted_delete)
+
+    async def go() -> None:
+        await booting.create(SandboxSpec("bx1", "base", limits=SMALL))
+        await booting.start("bx1")
+        (making,) = booting._boot_making.values()
+        while not checkpoints:
+            assert not making.done()
+            await asyncio.sleep(0)
+        making.cancel()  # just after `crun checkpoint` started: CRIU is about to seize the sandbox
+        with pytest.raises(asyncio.CancelledError):
+            await making
+
+    run(go())
+    hung = _runtime_commands(state_dir)
+    for pid in hung:  # the test's own (through its backend): ended so that the run goes on
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert running_at_delete == [[]], "the boot sandbox was killed while its checkpoint ran"
+    assert hung == [], "a runtime command left running"
+    maker = boots[1]
+    assert _leftovers(state_dir, [maker]) == []
+    assert booting._boot_images is not None
+    assert list(booting._boot_images.root.iterdir()) == [], "no images, and no build folder"
+    monkeypatch.undo()
+    boots = _count_boots(booting, monkeypatch)
+    _start(booting, "bx2")
+    assert boots[0] == "bx2"
+    assert boots[1].startswith("boot-"), "the key is not refused: the next cold start makes the image"
+    assert len(booting._boot_images.names()) == 1
+    for sandbox_id in ("bx1", "bx2"):
+        assert run(booting.kill(sandbox_id))
+    assert _leftovers(state_dir, ["bx1", "bx2"]) == []
+
+
+def _running(pid: int) -> bool:
+    """Not ended (a zombie has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _runtime_commands(state_dir: Path) -> list[int]:
+    """The runtime commands on ``state_dir``'s containers still running, with their children (CRIU)."""
+    parents: dict[int, int] = {}
+    found = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parents[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if f"--root {state_dir}/crun ".encode() in _cmdline(int(proc.name)):
+                found.add(int(proc.name))
+    found |= {pid for pid, parent in parents.items() if parent in found}
+    return sorted(found)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return b""
 
 
 def test_reconcile_releases_what_a_crash_left_of_a_boot_image(booting: CrunBackend, state_dir: Path) -> None:
