@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -92,10 +92,22 @@ class Template:
 
 
 KEEP_TEMPLATES = 3  # of each name built from the sources
+# A template looked up or built this recently is never pruned, whatever its rank: a server between
+# finding its templates and registering them (``register_template_user``), or a build copying one
+# as its base, holds it without a mount or a record. Another checkout's build on the same host
+# pruned one in that gap.
+PRUNE_GRACE_S = 3600.0
 
 
 def templates_dir(cache_root: Path | None = None) -> Path:
     return (cache_root if cache_root is not None else default_cache_root()) / "templates"
+
+
+def _used(template: Template) -> Template:
+    """``template``, marked used now: its metadata's time, which pruning ranks by and spares for a while."""
+    with suppress(OSError):  # a read-only cache: then it ranks by its build
+        os.utime(template.path / METADATA)
+    return template
 
 
 def _load(path: Path) -> Template | None:
@@ -165,7 +177,7 @@ def _materialize(
     final = root / f"{name}-{key[:16]}"
     existing = _load(final)
     if existing is not None:
-        return existing
+        return _used(existing)
     started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.build-", dir=root))
     try:
@@ -472,7 +484,7 @@ def ensure_template(
         imported = _load(root / name)
         if imported is None:
             raise TemplateError(f"image template {name!r} is not in {root} (pull the image again)")
-        return imported
+        return _used(imported)
     if name not in TEMPLATE_NAMES:
         raise TemplateError(f"unknown template {name!r}; known: {', '.join(TEMPLATE_NAMES)}")
     report = progress if progress is not None else default_progress()
@@ -496,7 +508,7 @@ def ensure_template(
     cached = _load(root / f"{name}-{key[:16]}")
     if cached is not None:
         report(ProgressEvent(f"template {cached.path.name} is cached at {cached.path}", "note"))
-        return cached
+        return _used(cached)
     if os.geteuid() != 0:
         raise TemplateError(f"building template {name!r} needs root (debootstrap, chroot)")
     root.mkdir(parents=True, exist_ok=True)
@@ -619,14 +631,15 @@ def _agent_key(template: Template) -> str | None:
 
 
 def prune_templates(cache_root: Path | None = None, *, keep: int) -> list[Path]:
-    """Remove all but the ``keep`` newest templates of each name built from the sources.
+    """Remove all but the ``keep`` most recently used templates of each name built from the sources.
 
     Every code change gives a new ``base`` (~360 MB) and ``code-interpreter-v1`` (~700 MB),
     so without pruning the cache only grows. Templates still mounted are skipped, and so is
     every template a sandbox record or snapshot manifest of a registered backend names as a
     lower (``_users``: stopped sandboxes and snapshots mount nothing); when that cannot be
-    read, nothing is pruned. The ``os`` layer is kept: it rarely changes and is the slow one
-    to build. An image's template (``import_image``) goes once the base whose agent it carries is gone.
+    read, nothing is pruned. Nor is one used in the last ``PRUNE_GRACE_S``. The ``os`` layer
+    is kept: it rarely changes and is the slow one to build. An image's template
+    (``import_image``) goes once the base whose agent it carries is gone.
     """
     root = templates_dir(cache_root)
     root.mkdir(parents=True, exist_ok=True)
@@ -641,7 +654,8 @@ def prune_templates(cache_root: Path | None = None, *, keep: int) -> list[Path]:
         os.close(fd)  # releases the lock
 
 
-def _built_at(template: Template) -> float:
+def _used_at(template: Template) -> float:
+    """When it was last built or looked up (``_used``)."""
     try:
         return (template.path / METADATA).stat().st_mtime
     except FileNotFoundError:  # removed since it was listed: sorts as the oldest
@@ -655,7 +669,7 @@ def _prune(cache_root: Path | None, root: Path, keep: int) -> list[Path]:
     doomed_ones: list[Template] = []
     for name in TEMPLATE_NAMES[1:]:
         built = [t for t in list_templates(cache_root) if t.name == name]
-        built.sort(key=_built_at, reverse=True)
+        built.sort(key=_used_at, reverse=True)
         doomed_ones.extend(built[keep:])
     # An image's template carries the agent of the base it was made with: once that base is
     # pruned, a pull of the same image makes a new one, and the old one only waits for its users.
@@ -664,8 +678,9 @@ def _prune(cache_root: Path | None, root: Path, keep: int) -> list[Path]:
         if _agent_key(imported) not in bases:
             doomed_ones.append(imported)
     removed = []
+    recent = time.time() - PRUNE_GRACE_S
     for template in doomed_ones:
-        if _in_use(template) or _named(template, in_use):
+        if _in_use(template) or _named(template, in_use) or _used_at(template) > recent:
             continue
         doomed = template.path.with_name(f".{template.path.name}.prune")
         try:

@@ -540,6 +540,33 @@ def test_prune_keeps_the_newest_base_templates(tmp_path: Path) -> None:
     ]
 
 
+def test_prune_ranks_by_use_and_spares_what_was_used_lately(tmp_path: Path) -> None:
+    """A lookup marks a template used; one used within the grace period stays whatever its rank.
+
+    Another checkout's build on the host pruned the base a starting server had just found (its
+    users not yet registered), and that server's interpreter build failed copying it.
+    """
+    import os as _os
+    import time as _time
+
+    from runtime.templates import list_templates, prune_templates
+    from runtime.templates._build import PRUNE_GRACE_S, _materialize
+
+    root = tmp_path / "templates"
+    _fake_bases(root, 4)
+
+    def never(_tmp: Path) -> dict[str, object]:
+        raise AssertionError("found, not built")
+
+    found = _materialize(root, "base", f"{0:064x}", recipe={}, agent_command=("x",), build=never)
+    assert found.path.name == "base-0000000000000000"
+    lately = _time.time() - PRUNE_GRACE_S / 2
+    _os.utime(root / "base-0000000000000001" / "template.json", (lately, lately))
+    removed = prune_templates(tmp_path, keep=1)
+    assert sorted(p.name for p in removed) == ["base-0000000000000002", "base-0000000000000003"]
+    assert [t.path.name for t in list_templates(tmp_path)] == ["base-0000000000000000", "base-0000000000000001"]
+
+
 def test_parallel_prunes_remove_each_old_template_once(tmp_path: Path) -> None:
     """Parallel builds all end in a prune: the ones that pick the same old template must not fail."""
     from concurrent.futures import ThreadPoolExecutor
@@ -563,6 +590,7 @@ def test_prune_removes_image_templates_whose_agent_base_is_gone(tmp_path: Path) 
         (root / folder / "rootfs").mkdir(parents=True)
         meta = {"name": name, "key": key, "agent_command": ["x"], "recipe": recipe or {}}
         (root / folder / "template.json").write_text(json.dumps(meta))
+        os.utime(root / folder / "template.json", (1_000_000, 1_000_000))  # long unused
 
     template("base-" + "b" * 16, "base", "b" * 64)
     template("image-" + "1" * 16, "image", "1" * 64, {"kind": "image", "agent": "b" * 64})
