@@ -125,7 +125,8 @@ class ContainerRuntime(Protocol):
     caller's process group (Ctrl-C, a supervisor stopping the server) would reach every
     sandbox. ``start`` runs the bundle's process; ``freeze`` and ``thaw`` stop and continue
     every process in the container. Those four raise ``BackendError`` when the runtime fails.
-    ``delete`` kills and removes a container, and is fine with one that is already gone;
+    ``delete`` kills and removes a container, and is fine with one that is already gone; it
+    waits first for a CRIU that holds the container (a checkpoint a killed server left running);
     ``status`` is the runtime's word for a container's state (``created``, ``running``,
     ``paused``, ``stopped``), or None when it does not know it. These two block: the backend
     calls them from worker threads. The others run in a process group of their own and never

@@ -15,7 +15,6 @@ nothing else changes (the sandbox's processes were made by ``create``, in the ho
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import platform
@@ -23,7 +22,6 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from .backend import BackendError
 from .crun import CrunCommand
 from .host import HostNotReadyError
 
@@ -51,16 +49,7 @@ class RunscCommand(CrunCommand):
         return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", _HIDE_NET_SYSCTLS, "sh", *args]
 
     async def start(self, container: str) -> None:
-        await self._run(self._hidden_net_sysctls(*self.argv("start", container)), f"start {container}")
-
-    async def _run(self, argv: list[str], what: str) -> None:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-        _, err = await proc.communicate()
-        if proc.returncode != 0:
-            message = err.decode(errors="replace")[-500:]
-            raise BackendError(f"{self.name} {what} failed ({proc.returncode}): {message}")
+        await self._run_checked(self._hidden_net_sysctls(*self.argv("start", container)), f"start {container}")
 
 
 def installed_version() -> str | None:

@@ -55,6 +55,9 @@ _DELETE_TIMEOUT_S = 10.0
 # reads the sandbox's memory: seconds for GiBs): only a hung one reaches them.
 _COMMAND_TIMEOUT_S = 120.0
 _MEMORY_TIMEOUT_S = 600.0
+# How long a delete waits for a checkpoint left running by a server that was killed (it ends the
+# container itself in well under a second; only a hung one makes the delete go on regardless).
+_ORPHAN_CHECKPOINT_WAIT_S = 60.0
 
 
 class CrunCommand:
@@ -69,9 +72,11 @@ class CrunCommand:
         passes_ready_fd: bool = False,
         fixed_layout: bool = False,
         env: Mapping[str, str] | None = None,  # the runtime's environment (None: the server's)
+        checkpoints: bool = False,  # checkpoints with CRIU (crun built with it): deletes wait for one
     ) -> None:
         self.executable = executable
         self.env = dict(env) if env is not None else None
+        self.checkpoints = checkpoints
         self.name = Path(executable).name
         self.root = root
         self.global_args = tuple(global_args)
@@ -203,6 +208,8 @@ class CrunCommand:
         await self._checked("resume", container)
 
     def delete(self, container: str) -> None:
+        if self.checkpoints:
+            self._wait_for_criu(container)
         # SIGKILL reaches every process in the container's pid namespace through PID 1's death.
         self._call("kill", container, "KILL")
         deadline = time.monotonic() + _DELETE_TIMEOUT_S
@@ -213,6 +220,22 @@ class CrunCommand:
                 return
             time.sleep(0.05)
         raise BackendError(f"could not delete container {container}")
+
+    def _wait_for_criu(self, container: str) -> None:
+        """Return once no CRIU holds the container's init (within a bound).
+
+        Killed while CRIU dumps it, a container and CRIU can wait for each other for good (see
+        ``_finished``). A checkpoint this server runs holds the sandbox's lock, so this is for one
+        a server that was killed left running: the next server's reconcile, or a harness
+        releasing what a stopped server left, waits for it to end instead (it ends the container).
+        """
+        proc = self._call("state", container)
+        pid = json.loads(proc.stdout).get("pid", 0) if proc.returncode == 0 else 0
+        if not isinstance(pid, int) or pid <= 0:
+            return
+        deadline = time.monotonic() + _ORPHAN_CHECKPOINT_WAIT_S
+        while _held_by_criu(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def _call(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(self.argv(*args), capture_output=True, text=True, check=False, env=self.env)
@@ -225,8 +248,14 @@ class CrunCommand:
         return status
 
     async def _checked(self, *args: str, config: Path | None = None, timeout: float = _COMMAND_TIMEOUT_S) -> None:
+        await self._run_checked(self.argv(*args), " ".join(args), config=config, timeout=timeout)
+
+    async def _run_checked(
+        self, argv: list[str], what: str, *, config: Path | None = None, timeout: float = _COMMAND_TIMEOUT_S
+    ) -> None:
+        """``argv`` (the runtime's command, maybe wrapped) run to its end; ``BackendError`` unless it succeeds."""
         proc = await asyncio.create_subprocess_exec(
-            *self.argv(*args),
+            *argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -235,10 +264,22 @@ class CrunCommand:
             # supervisor stopping it) must not cut a checkpoint in half; ``_finished`` ends it.
             start_new_session=True,
         )
-        _, err = await _finished(proc, proc.communicate(), timeout, f"{self.name} {args[0]}")
+        _, err = await _finished(proc, proc.communicate(), timeout, f"{self.name} {what}")
         if proc.returncode != 0:
             message = err.decode(errors="replace")[-500:]
-            raise BackendError(f"{self.name} {' '.join(args)} failed ({proc.returncode}): {message}")
+            raise BackendError(f"{self.name} {what} failed ({proc.returncode}): {message}")
+
+
+def _held_by_criu(pid: int) -> bool:
+    """Whether CRIU, a process of the host's pid namespace (not one a sandbox named so), ptraces ``pid``."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        tracer = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("TracerPid:"))
+        if tracer <= 0 or Path(f"/proc/{tracer}/comm").read_text().strip() != "criu":
+            return False
+        return os.readlink(f"/proc/{tracer}/ns/pid") == os.readlink("/proc/self/ns/pid")
+    except (OSError, StopIteration, ValueError, IndexError):
+        return False  # gone, or its tracer is
 
 
 async def _finished(proc: asyncio.subprocess.Process, ending: Awaitable[_T], timeout: float, what: str) -> _T:
@@ -310,6 +351,7 @@ class CrunBackend(OciBackend):
                 passes_ready_fd=True,
                 fixed_layout=share,
                 env=checkpoint_tools.env() if checkpoint_tools is not None else None,
+                checkpoints=checkpoint_tools is not None,
             ),
             pool=pool,
             templates_root=templates_root,

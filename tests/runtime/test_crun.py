@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from contract.generated.process import process_pb2 as ppb
 from contract.protocol import ENVD_PORT
 from runtime import _checkpoint_tools, _hostfs, _ksm, _network
 from runtime.backend import Feature, Limits, SandboxSpec, State, TransitionError
-from runtime.crun import CGROUP_PARENT, CrunBackend
+from runtime.crun import CGROUP_PARENT, CrunBackend, CrunCommand, _held_by_criu
 from runtime.host import ksm_counters
 from runtime.host import prepare as prepare_host
 from runtime.templates import ensure_template
@@ -667,6 +668,47 @@ def test_a_checkpoint_that_fails_freezes_instead(backend: CrunBackend, tmp_path:
     assert backend._runtime.status(record.container) == "paused", "frozen, as without the tools"
     host = run(backend.resume("ck3")).host or ""
     assert shell(host, f"kill -0 {pid} && cat /tmp/ram.txt", fresh_connection=True) == (0, b"in-ram\n", b"")
+
+
+def test_a_kill_waits_for_a_checkpoint_that_a_killed_server_left_running(state_dir: Path) -> None:
+    """A runtime command is in a group of its own, so a server killed mid-checkpoint leaves it running.
+
+    The next server's kill (or reconcile) must wait for it: a container killed while CRIU holds it
+    can leave both waiting for each other, or the dump cut off half-way.
+    """
+    _needs_checkpoints()
+    first = crun_backend(state_dir)
+    _holder(started(first, "ck7"), "holder-ck7")  # memory to write: the dump takes a while
+    record = first._record("ck7")
+    assert record.container is not None
+    assert record.network is not None
+    _network.destroy(_network.SandboxNetwork.from_record(record.network))  # as a checkpoint does first
+    images = first._home("ck7") / "left-running"
+    images.mkdir(mode=0o700)
+    runtime = first._runtime
+    assert isinstance(runtime, CrunCommand)
+    init = runtime.pid(record.container)
+    orphan = subprocess.Popen(
+        runtime.argv("checkpoint", "--file-locks", "--image-path", str(images), record.container),
+        env=runtime._env(first._checkpoint_config),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        while not _held_by_criu(init):
+            assert orphan.poll() is None, "CRIU seizes the sandbox before its dump ends"
+            time.sleep(0.001)
+        second = crun_backend(state_dir)  # the next server
+        assert run(second.kill("ck7"))
+        assert orphan.wait(60) == 0, "the checkpoint ran to its end"
+    finally:
+        if orphan.poll() is None:
+            os.killpg(orphan.pid, signal.SIGKILL)  # the group this test made: crun and its CRIU
+            orphan.wait()
+        orphan.communicate()
+    assert _leftovers(state_dir, ["ck7"]) == []
 
 
 def test_a_restore_that_fails_boots_the_sandbox_afresh_on_its_files(backend: CrunBackend) -> None:

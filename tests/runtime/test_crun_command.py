@@ -85,7 +85,7 @@ def test_a_cancelled_caller_waits_for_its_command_to_end(fake: Path) -> None:
 
 def test_a_command_past_its_bound_is_ended_with_its_group(fake: Path) -> None:
     async def go() -> None:
-        with pytest.raises(BackendError, match=r"fake-crun pause did not finish within 0.5 s: ended"):
+        with pytest.raises(BackendError, match=r"fake-crun pause c did not finish within 0.5 s: ended"):
             await _command(fake, 60)._checked("pause", "c", timeout=0.5)
 
     asyncio.run(go())
