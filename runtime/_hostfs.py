@@ -191,14 +191,19 @@ def check_traversable(folder: Path) -> None:
             )
 
 
-def write_whole(path: Path, text: str, mode: int = 0o644) -> None:
+def write_whole(path: Path, data: str | bytes, mode: int = 0o644) -> None:
     """Write ``path`` so that a reader sees the old file or the new one, never a part.
 
-    For the files a runtime reads while another backend on the same state folder may be
-    writing them again (CRIU's option files and action script).
+    For every file read while it may be written again: records, registries, CRIU's option
+    files and action script (another backend on the same state folder rewrites them), the
+    files a sandbox reads in ``/run/e2b``. The temporary name carries the pid, so two processes
+    writing at once each rename a whole file.
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
+    if isinstance(data, bytes):
+        tmp.write_bytes(data)
+    else:
+        tmp.write_text(data)
     tmp.chmod(mode)
     os.replace(tmp, path)
 

@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ._hostfs import write_whole
+
 __all__ = ["LockedState"]
 
 
@@ -59,8 +61,4 @@ class LockedState:
         return dict(state)
 
     def _write(self, state: dict[str, Any]) -> None:
-        target = self.folder / f"{self.name}.json"
-        tmp = target.with_name(f".{self.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, target)
+        write_whole(self.folder / f"{self.name}.json", json.dumps(state, indent=1, sort_keys=True), 0o600)

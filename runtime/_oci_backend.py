@@ -185,9 +185,7 @@ class Record:
         return Record(**json.loads(path.read_text()))
 
     def save(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.__dict__, indent=1))
-        os.replace(tmp, path)
+        _hostfs.write_whole(path, json.dumps(self.__dict__, indent=1))
 
 
 def _derived_config(base: Path, name: str, more: str) -> Path:
@@ -615,10 +613,7 @@ class OciBackend:
             if value is None:
                 path.unlink(missing_ok=True)
                 continue
-            tmp = folder / f".{name}.tmp"
-            tmp.write_text(value)
-            tmp.chmod(0o444)
-            os.replace(tmp, path)
+            _hostfs.write_whole(path, value, 0o444)
         return folder
 
     def _agent_env(self, record: Record) -> dict[str, str]:

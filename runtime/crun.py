@@ -290,8 +290,8 @@ async def _finished(proc: asyncio.subprocess.Process, ending: Awaitable[_T], tim
     sandbox whose lock the caller holds, and what the caller does next (a kill, a reconcile)
     must not overlap it. A container killed while CRIU dumps it can leave both hung (seen for
     minutes): CRIU waits for the tasks it seized, the container's init for its children, which
-    CRIU holds. A command still running at ``timeout`` is ended with its whole group (crun and the CRIU it
-    started): ``BackendError``.
+    CRIU holds. A command still running at ``timeout`` is ended with its whole group (crun and
+    the CRIU it started): ``BackendError``. A second cancellation while it waits is not held.
     """
     job = asyncio.ensure_future(ending)
     deadline = asyncio.get_running_loop().time() + timeout

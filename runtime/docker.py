@@ -143,9 +143,7 @@ class Record:
         return Record(**json.loads(path.read_text()))
 
     def save(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.__dict__, indent=1))
-        os.replace(tmp, path)
+        _hostfs.write_whole(path, json.dumps(self.__dict__, indent=1))
 
 
 class DockerBackend:
@@ -726,8 +724,7 @@ class DockerBackend:
                     "parent": record.snapshot,
                 }
                 folder.mkdir()
-                (folder / "manifest.tmp").write_text(json.dumps(manifest, indent=1))
-                os.replace(folder / "manifest.tmp", folder / "manifest.json")
+                _hostfs.write_whole(folder / "manifest.json", json.dumps(manifest, indent=1))
             return snapshot_id
 
     def _manifests(self) -> dict[str, dict[str, Any]]:
