@@ -718,24 +718,44 @@ class OciBackend:
         try:
             await self._runtime.checkpoint(record.container, images, config=config)
         except BackendError as exc:
-            kept = self._home(record.sandbox_id) / "logs" / "dump.log"
-            with contextlib.suppress(OSError):  # CRIU's account, for the operator: the images go
-                os.replace(images / "dump.log", kept)
-            _log.warning("checkpointing %s failed, frozen instead: %s%s", record.sandbox_id, exc, _criu_errors(kept))
-            await asyncio.to_thread(shutil.rmtree, images, True)
-            await asyncio.to_thread(functools.partial(self._plug, record, record.container, rules_applied=True))
-            if await asyncio.to_thread(self._runtime.status, record.container) != "paused":
-                await self._runtime.freeze(record.container)
+            await self._checkpoint_failed(record, images, str(exc))
             return
-        record.container = None  # the checkpoint ended it
+        except asyncio.CancelledError:
+            # The checkpoint ran to its end first (``crun._finished``). The pause is settled and
+            # recorded either way: the server's next start finishes the pause its record began,
+            # instead of finding a running sandbox gone, or one frozen without its network.
+            if await asyncio.to_thread(self._runtime.status, record.container) is None:
+                self._checkpointed(record, images)
+            else:
+                await self._checkpoint_failed(record, images, "its pause was cancelled")
+            record.state = State.PAUSED.value
+            self._save(record)
+            raise
+        await asyncio.to_thread(self._checkpointed, record, images)
+
+    def _checkpointed(self, record: Record, images: Path) -> None:
+        """A checkpoint that succeeded (it ended the container): recorded, its images made restorable."""
+        record.container = None
         record.memory = str(images)
         self._save(record)
-        await asyncio.to_thread(self._mark_netns_as_new, images)
+        self._mark_netns_as_new(images)
         # The restore opens some images from a task just cloned into the new user namespace,
         # which may run before its id map is written and is then nobody to the host: it needs
         # search on this folder (CRIU writes the images 0644). Nobody else reaches it: the
         # sandbox's folder above is its root's, 0700.
         os.chmod(images, 0o711)  # noqa: S103 - search only, below a 0700 folder
+
+    async def _checkpoint_failed(self, record: Record, images: Path, why: str) -> None:
+        """The container, still there and frozen, plugged back in: frozen instead (logged)."""
+        assert record.container is not None
+        kept = self._home(record.sandbox_id) / "logs" / "dump.log"
+        with contextlib.suppress(OSError):  # CRIU's account, for the operator: the images go
+            os.replace(images / "dump.log", kept)
+        _log.warning("checkpointing %s failed, frozen instead: %s%s", record.sandbox_id, why, _criu_errors(kept))
+        await asyncio.to_thread(shutil.rmtree, images, True)
+        await asyncio.to_thread(functools.partial(self._plug, record, record.container, rules_applied=True))
+        if await asyncio.to_thread(self._runtime.status, record.container) != "paused":
+            await self._runtime.freeze(record.container)
 
     async def _restore_memory(self, record: Record) -> None:
         """The checkpointed processes running again in a new container on the same files and address.

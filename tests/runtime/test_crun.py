@@ -711,6 +711,52 @@ def test_a_kill_waits_for_a_checkpoint_that_a_killed_server_left_running(state_d
     assert _leftovers(state_dir, ["ck7"]) == []
 
 
+def test_a_memory_pause_cancelled_mid_checkpoint_is_recorded_and_resumes(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server stopping while a pause checkpoints: the checkpoint ends first, and the pause is recorded.
+
+    Before, the record still said running with a container the checkpoint had ended, and its
+    images were nobody's: the next start lost the processes the pause had kept.
+    """
+    _needs_checkpoints()
+    backend = crun_backend(state_dir)
+    pid = _holder(started(backend, "ck8"), "holder-ck8")
+    checkpoints: list[int] = []
+    spawn = asyncio.create_subprocess_exec
+
+    async def noted_spawn(*argv: str, **kwargs: Any) -> asyncio.subprocess.Process:
+        proc = await spawn(*argv, **kwargs)
+        if "checkpoint" in argv:
+            checkpoints.append(proc.pid)
+        return proc
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", noted_spawn)
+
+    async def go() -> None:
+        pausing = asyncio.ensure_future(backend.pause("ck8", memory=True))
+        while not checkpoints:
+            assert not pausing.done()
+            await asyncio.sleep(0)
+        pausing.cancel()  # just after `crun checkpoint` started
+        with pytest.raises(asyncio.CancelledError):
+            await pausing
+
+    run(go())
+    monkeypatch.undo()
+    record = backend._record("ck8")
+    assert (record.state, record.container) == (State.PAUSED.value, None)
+    assert record.memory is not None
+    assert (Path(record.memory) / "inventory.img").is_file()
+    second = crun_backend(state_dir)  # the next server
+    assert "ck8" in run(second.reconcile()).adopted
+    assert run(second.inspect("ck8")).state is State.PAUSED
+    host = run(second.resume("ck8")).host or ""
+    assert shell(host, f"kill -0 {pid} && cat /tmp/ram.txt", fresh_connection=True) == (0, b"in-ram\n", b"")
+    assert run(second.kill("ck8"))
+    assert _leftovers(state_dir, ["ck8"]) == []
+
+
 def test_a_restore_that_fails_boots_the_sandbox_afresh_on_its_files(backend: CrunBackend) -> None:
     _needs_checkpoints()
     host = started(backend, "ck4")
