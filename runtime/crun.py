@@ -229,9 +229,9 @@ class CrunCommand:
         a server that was killed left running: the next server's reconcile, or a harness
         releasing what a stopped server left, waits for it to end instead (it ends the container).
         """
-        proc = self._call("state", container)
-        pid = json.loads(proc.stdout).get("pid", 0) if proc.returncode == 0 else 0
-        if not isinstance(pid, int) or pid <= 0:
+        try:
+            pid = self.pid(container)
+        except BackendError:  # gone already, or no process: nothing to wait for
             return
         deadline = time.monotonic() + _ORPHAN_CHECKPOINT_WAIT_S
         while _held_by_criu(pid) and time.monotonic() < deadline:

@@ -711,6 +711,21 @@ def test_a_kill_waits_for_a_checkpoint_that_a_killed_server_left_running(state_d
     assert _leftovers(state_dir, ["ck7"]) == []
 
 
+def checkpoint_spawns(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The pids of the ``crun checkpoint`` commands spawned from now on, each noted as it starts."""
+    checkpoints: list[int] = []
+    spawn = asyncio.create_subprocess_exec
+
+    async def noted_spawn(*argv: str, **kwargs: Any) -> asyncio.subprocess.Process:
+        proc = await spawn(*argv, **kwargs)
+        if "checkpoint" in argv:
+            checkpoints.append(proc.pid)
+        return proc
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", noted_spawn)
+    return checkpoints
+
+
 def test_a_memory_pause_cancelled_mid_checkpoint_is_recorded_and_resumes(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -722,16 +737,7 @@ def test_a_memory_pause_cancelled_mid_checkpoint_is_recorded_and_resumes(
     _needs_checkpoints()
     backend = crun_backend(state_dir)
     pid = _holder(started(backend, "ck8"), "holder-ck8")
-    checkpoints: list[int] = []
-    spawn = asyncio.create_subprocess_exec
-
-    async def noted_spawn(*argv: str, **kwargs: Any) -> asyncio.subprocess.Process:
-        proc = await spawn(*argv, **kwargs)
-        if "checkpoint" in argv:
-            checkpoints.append(proc.pid)
-        return proc
-
-    monkeypatch.setattr(asyncio, "create_subprocess_exec", noted_spawn)
+    checkpoints = checkpoint_spawns(monkeypatch)
 
     async def go() -> None:
         pausing = asyncio.ensure_future(backend.pause("ck8", memory=True))

@@ -14,7 +14,6 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -25,7 +24,17 @@ from runtime._oci_backend import Record
 from runtime.backend import SandboxSpec
 from runtime.crun import CrunBackend
 
-from .test_crun import SMALL, _leftovers, _needs_checkpoints, crun_backend, run, shell, state_dir
+from .test_crun import (
+    SMALL,
+    _leftovers,
+    _needs_checkpoints,
+    checkpoint_spawns,
+    crun_backend,
+    run,
+    shell,
+    state_dir,
+)
+from .test_crun_command import _running
 
 __all__ = ["state_dir"]  # the fixture, shared with test_crun
 
@@ -187,22 +196,14 @@ def test_a_make_cancelled_mid_checkpoint_lets_the_checkpoint_end_and_leaves_noth
 ) -> None:
     """A server stopping while an image is made. The kill used to meet CRIU mid-dump: both could hang for good."""
     boots = _count_boots(booting, monkeypatch)
-    checkpoints: list[int] = []
+    checkpoints = checkpoint_spawns(monkeypatch)
     running_at_delete: list[list[int]] = []
-    spawn = asyncio.create_subprocess_exec
     delete = booting._runtime.delete
-
-    async def noted_spawn(*argv: str, **kwargs: Any) -> asyncio.subprocess.Process:
-        proc = await spawn(*argv, **kwargs)
-        if "checkpoint" in argv:
-            checkpoints.append(proc.pid)
-        return proc
 
     def noted_delete(container: str) -> None:
         running_at_delete.append([pid for pid in checkpoints if _running(pid)])
         delete(container)
 
-    monkeypatch.setattr(asyncio, "create_subprocess_exec", noted_spawn)
     monkeypatch.setattr(booting._runtime, "delete", noted_delete)
 
     async def go() -> None:
@@ -236,14 +237,6 @@ def test_a_make_cancelled_mid_checkpoint_lets_the_checkpoint_end_and_leaves_noth
     for sandbox_id in ("bx1", "bx2"):
         assert run(booting.kill(sandbox_id))
     assert _leftovers(state_dir, ["bx1", "bx2"]) == []
-
-
-def _running(pid: int) -> bool:
-    """Not ended (a zombie has)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _runtime_commands(state_dir: Path) -> list[int]:
