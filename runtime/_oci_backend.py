@@ -766,16 +766,19 @@ class OciBackend:
         """
         assert record.memory is not None
         await asyncio.to_thread(self._restore_for_boot, record)
+        images = Path(record.memory)
         try:
-            images = Path(record.memory)
             await self._restore_into_container(record, images, self._restore_config(images))
         except BackendError as exc:
             _log.warning("restoring %s from its checkpoint failed, booting it afresh: %s", record.sandbox_id, exc)
             await asyncio.to_thread(self._remove_cgroups, record.sandbox_id)
             await self._boot(record)
-        self._discard_images(Path(record.memory))
+        # Running and rid of its images in one save: a record that still named images next to a
+        # running container would be a restore cut short to the next reconcile (``_settle_record``).
         record.memory = None
+        record.state = State.RUNNING.value
         self._save(record)
+        self._discard_images(images)
 
     def _mark_netns_as_new(self, images: Path) -> None:
         """Mark a checkpoint whose network namespace is a new one's (``_criu_netns``): it restores faster.
@@ -855,6 +858,12 @@ class OciBackend:
                 os.replace(images / "restore.log", kept)
             await self._stop_container(record)  # what a restore cut short left
             raise BackendError(f"{exc}{_criu_errors(kept)}") from None
+        except asyncio.CancelledError:
+            # The restore ran to its end first (``crun._finished``). What it brought back goes, so
+            # the images are again the only copy of those processes: a resume's images restore
+            # once, where a container left running beside them would become a second copy.
+            await self._stop_container(record)
+            raise
 
     def _snapshot_memory(self, template: str) -> Path | None:
         """The processes and memory a snapshot kept (``snapshot(memory=True)``), when ``template`` is one."""
@@ -1453,6 +1462,14 @@ class OciBackend:
         alive = status in ("running", "paused")
         rootfs = str(self._home(record.sandbox_id) / "bundle" / "rootfs")
         mounted = _hostfs.is_mount(rootfs)
+        if state is State.PAUSED and record.memory is not None and record.container is not None:
+            # A resume's restore cut short: a server killed while it resumed, whose `crun restore`
+            # ran on in its own session. The images are still the sandbox's own, so that container
+            # goes, and the next resume restores them once instead of running a second copy.
+            self._runtime.delete(record.container)
+            record.container = None
+            self._save(record)
+            alive = False
         if state in (State.RUNNING, State.PAUSED) and alive and mounted:
             _hostfs.ensure_nosuid(rootfs)  # mounted by a version before the host's view was nosuid
             assert record.container is not None

@@ -711,19 +711,31 @@ def test_a_kill_waits_for_a_checkpoint_that_a_killed_server_left_running(state_d
     assert _leftovers(state_dir, ["ck7"]) == []
 
 
-def checkpoint_spawns(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The pids of the ``crun checkpoint`` commands spawned from now on, each noted as it starts."""
+def checkpoint_spawns(monkeypatch: pytest.MonkeyPatch, verb: str = "checkpoint") -> list[int]:
+    """The pids of the ``crun <verb>`` commands spawned from now on, each noted as it starts."""
     checkpoints: list[int] = []
     spawn = asyncio.create_subprocess_exec
 
     async def noted_spawn(*argv: str, **kwargs: Any) -> asyncio.subprocess.Process:
         proc = await spawn(*argv, **kwargs)
-        if "checkpoint" in argv:
+        if verb in argv:
             checkpoints.append(proc.pid)
         return proc
 
     monkeypatch.setattr(asyncio, "create_subprocess_exec", noted_spawn)
     return checkpoints
+
+
+@contextlib.contextmanager
+def _killed_afterwards(state_dir: Path, sandbox_id: str) -> Iterator[None]:
+    """The sandbox goes at the end whatever the test found: a failed check must not leave it running."""
+    try:
+        yield
+    finally:
+        backend = crun_backend(state_dir)
+        with contextlib.suppress(Exception):  # gone already, as a passing test leaves it
+            run(backend.kill(sandbox_id))
+        run(backend.reconcile())  # and a container no record names (what a cut-short restore may leave)
 
 
 def test_a_memory_pause_cancelled_mid_checkpoint_is_recorded_and_resumes(
@@ -735,32 +747,110 @@ def test_a_memory_pause_cancelled_mid_checkpoint_is_recorded_and_resumes(
     images were nobody's: the next start lost the processes the pause had kept.
     """
     _needs_checkpoints()
-    backend = crun_backend(state_dir)
-    pid = _holder(started(backend, "ck8"), "holder-ck8")
-    checkpoints = checkpoint_spawns(monkeypatch)
+    with _killed_afterwards(state_dir, "ck8"):
+        backend = crun_backend(state_dir)
+        pid = _holder(started(backend, "ck8"), "holder-ck8")
+        checkpoints = checkpoint_spawns(monkeypatch)
 
-    async def go() -> None:
-        pausing = asyncio.ensure_future(backend.pause("ck8", memory=True))
-        while not checkpoints:
-            assert not pausing.done()
-            await asyncio.sleep(0)
-        pausing.cancel()  # just after `crun checkpoint` started
-        with pytest.raises(asyncio.CancelledError):
-            await pausing
+        async def go() -> None:
+            pausing = asyncio.ensure_future(backend.pause("ck8", memory=True))
+            while not checkpoints:
+                assert not pausing.done()
+                await asyncio.sleep(0)
+            pausing.cancel()  # just after `crun checkpoint` started
+            with pytest.raises(asyncio.CancelledError):
+                await pausing
 
-    run(go())
-    monkeypatch.undo()
-    record = backend._record("ck8")
-    assert (record.state, record.container) == (State.PAUSED.value, None)
-    assert record.memory is not None
-    assert (Path(record.memory) / "inventory.img").is_file()
-    second = crun_backend(state_dir)  # the next server
-    assert "ck8" in run(second.reconcile()).adopted
-    assert run(second.inspect("ck8")).state is State.PAUSED
-    host = run(second.resume("ck8")).host or ""
-    assert shell(host, f"kill -0 {pid} && cat /tmp/ram.txt", fresh_connection=True) == (0, b"in-ram\n", b"")
-    assert run(second.kill("ck8"))
-    assert _leftovers(state_dir, ["ck8"]) == []
+        run(go())
+        monkeypatch.undo()
+        record = backend._record("ck8")
+        assert (record.state, record.container) == (State.PAUSED.value, None)
+        assert record.memory is not None
+        assert (Path(record.memory) / "inventory.img").is_file()
+        second = crun_backend(state_dir)  # the next server
+        assert "ck8" in run(second.reconcile()).adopted
+        assert run(second.inspect("ck8")).state is State.PAUSED
+        host = run(second.resume("ck8")).host or ""
+        assert shell(host, f"kill -0 {pid} && cat /tmp/ram.txt", fresh_connection=True) == (0, b"in-ram\n", b"")
+        assert run(second.kill("ck8"))
+        assert _leftovers(state_dir, ["ck8"]) == []
+
+
+def _holders(marker: str) -> int:
+    """How many processes on the host carry ``marker``: each copy of a sandbox's holder is one."""
+    return sum(marker in line for line in _command_lines())
+
+
+def test_a_resume_cancelled_mid_restore_leaves_it_paused_and_resumes_one_copy(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server stopping while a resume restores: the restore ends first, then its container goes.
+
+    Before, the record stayed paused with its images beside the running restored container, and
+    the next resume restored the images again: two copies of the tenant's processes.
+    """
+    _needs_checkpoints()
+    with _killed_afterwards(state_dir, "ck9"):
+        backend = crun_backend(state_dir)
+        pid = _holder(started(backend, "ck9"), "holder-ck9")
+        run(backend.pause("ck9", memory=True))
+        restores = checkpoint_spawns(monkeypatch, "restore")
+
+        async def go() -> None:
+            resuming = asyncio.ensure_future(backend.resume("ck9"))
+            while not restores:
+                assert not resuming.done()
+                await asyncio.sleep(0)
+            resuming.cancel()  # just after `crun restore` started
+            with pytest.raises(asyncio.CancelledError):
+                await resuming
+
+        run(go())
+        monkeypatch.undo()
+        record = backend._record("ck9")
+        assert (record.state, record.container) == (State.PAUSED.value, None)
+        assert record.memory is not None
+        assert (Path(record.memory) / "inventory.img").is_file(), "the images are still the sandbox's"
+        assert _holders("holder-ck9") == 0, "nothing of the cut-short restore runs"
+        host = run(backend.resume("ck9")).host or ""
+        assert shell(host, f"kill -0 {pid} && cat /tmp/ram.txt", fresh_connection=True) == (0, b"in-ram\n", b"")
+        assert _holders("holder-ck9") == 1
+        assert run(backend.kill("ck9"))
+        assert _leftovers(state_dir, ["ck9"]) == []
+
+
+def test_a_reconcile_ends_a_restore_that_a_killed_server_left_and_resumes_one_copy(state_dir: Path) -> None:
+    """A server killed while it resumes: `crun restore` runs on in its own session, and the record
+    names both the images and the restored container. The next server's reconcile stops that
+    container; its resume restores the images once. Before, it kept the container and the resume
+    restored a second copy beside it.
+    """
+    _needs_checkpoints()
+    with _killed_afterwards(state_dir, "ck10"):
+        first = crun_backend(state_dir)
+        pid = _holder(started(first, "ck10"), "holder-ck10")
+        run(first.pause("ck10", memory=True))
+        images = first._record("ck10").memory
+        assert images is not None
+        aside = state_dir / "ck10-images"
+        subprocess.run(["cp", "-a", images, str(aside)], check=True)
+        run(first.resume("ck10"))
+        # What a kill right after the restore leaves on disk: paused, its images, the restored container.
+        record = first._record("ck10")
+        os.replace(aside, images)
+        record.state, record.memory = State.PAUSED.value, images
+        first._save(record)
+        assert _holders("holder-ck10") == 1
+        second = crun_backend(state_dir)  # the next server
+        assert "ck10" in run(second.reconcile()).adopted
+        assert second._record("ck10").container is None
+        assert _holders("holder-ck10") == 0
+        assert run(second.inspect("ck10")).state is State.PAUSED
+        host = run(second.resume("ck10")).host or ""
+        assert shell(host, f"kill -0 {pid} && cat /tmp/ram.txt", fresh_connection=True) == (0, b"in-ram\n", b"")
+        assert _holders("holder-ck10") == 1
+        assert run(second.kill("ck10"))
+        assert _leftovers(state_dir, ["ck10"]) == []
 
 
 def test_a_restore_that_fails_boots_the_sandbox_afresh_on_its_files(backend: CrunBackend) -> None:
