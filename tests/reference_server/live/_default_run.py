@@ -5,14 +5,14 @@ the default backend, signed. The live tests of that backend read their verdicts 
 (``full_run``; ``test_harness`` checks its signature and gate) rather than running every scenario
 a second time. A verdict is the harness's own outcome for the case in that flavour, for every
 pinned client version it ran. Off the default backend a live case runs in the one flavour
-``chosen_flavour`` picks for its scenario.
+``chosen_flavour`` picks for its scenario, on the one backend ``chosen_backend`` picks.
 """
 
 from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from conformance._endpoint import ManagedServer as LiveServer
 from conformance._run import FEATURES, RunOptions, main_run
 from runtime.backends import DEFAULT_BACKEND
 
-__all__ = ["CaseRun", "Result", "chosen_flavour", "full_run", "verdict"]
+__all__ = ["CaseRun", "Result", "chosen_backend", "chosen_flavour", "full_run", "verdict"]
 
 _GREEN = ("pass", "fixed")
 JOBS = 3  # cases side by side: also shows that they do not disturb one another
@@ -56,6 +56,16 @@ def chosen_flavour(case: Case) -> str:
     """
     flavours = sorted(case.flavours)
     return flavours[zlib.crc32(case.scenario.encode()) % len(flavours)]
+
+
+def chosen_backend(case: Case, backends: Collection[str]) -> str:
+    """The one of ``backends`` (those off the default) a case runs on in the suite: a hash of its name.
+
+    Of its name, not its scenario's as for the flavour: each test off the default backend runs its
+    scenario itself, and the families with few scenarios (volumes) still spread over the backends.
+    """
+    ordered = sorted(backends)
+    return ordered[zlib.crc32(case.name.encode()) % len(ordered)]
 
 
 def full_run(server: LiveServer, folder: Path) -> CaseRun:

@@ -9,7 +9,8 @@ data directory; at the end every sandbox it made is gone and nothing is left mou
 The client scenarios (envd, lifecycle, interpreter) run once per serving backend of the runtime's
 table (``backend_server``), so every isolation is held to the same cases; on the default backend
 their verdicts come from the harness's full run (``_default_run``), which runs them all, three at
-a time; on the others each test runs its scenario. The tests of the server's own behaviour
+a time; off it each case runs once, on one backend in one flavour, where the test runs its
+scenario (``one_run_off_the_default``). The tests of the server's own behaviour
 (crashes, the edge's refusals, admission) run on the default backend.
 A case newer than the pinned clients (``Case.since``) runs with the newest committed ones.
 A case ``conformance/known-failures.json`` lists for a backend is a strict xfail there
@@ -28,6 +29,7 @@ from conformance._backend_features import explain_missing, managed_features
 from conformance._cases import Case
 from conformance._clients import NodeClients, PythonClients, ensure_node_clients, ensure_python_clients
 from conformance._endpoint import ManagedServer
+from conformance._gate import load_known_failures
 from conformance._harness import CASE_TIMEOUT_S
 from conformance._registry import RegistryOffer, offered_image
 from conformance._scenarios import SCENARIOS as ALL_SCENARIOS
@@ -36,8 +38,8 @@ from runtime.backends import DEFAULT_BACKEND, serving_backends
 from tests.clients import newest, predates
 from tests.servers import managed_server
 
-from ._default_run import CaseRun, chosen_flavour, full_run, verdict
-from ._known_failures import mark_known_failures
+from ._default_run import CaseRun, chosen_backend, chosen_flavour, full_run, verdict
+from ._known_failures import known_failure, mark_known_failures
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the server's crun sandboxes need root")
 
@@ -50,28 +52,43 @@ SWEEPS = {"E2B_COMPAT_SERVER_REAPER_INTERVAL_SECONDS": "0.5", "E2B_COMPAT_SERVER
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A case the harness lists as a known failure of a backend is expected to fail there, strictly."""
     mark_known_failures(items)
-    one_flavour_off_the_default(config, items)
+    one_run_off_the_default(config, items)
 
 
-def one_flavour_off_the_default(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On the other backends every case runs in one client flavour, chosen by its name.
+def one_run_off_the_default(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Off the default backend every case runs once: in one client flavour, on one backend.
 
     Which client sends a request is the harness's concern and is tried on the default backend in
-    every flavour; what a backend changes shows in any one. The choice rotates over the flavours
-    (``chosen_flavour``), so each client meets every backend. The whole matrix, every case
-    in every flavour on every backend, is ``nox -s conformance -- --backend all``; set
+    every flavour; what a backend changes shows in any one flavour, and in most cases on either
+    backend. So the flavour (``chosen_flavour``) and the backend (``chosen_backend``) rotate over
+    the scenarios: each client meets every backend, and each backend runs about its share of every
+    family of cases. A case that a backend says something of (a known failure there, or a
+    feature it lacks that the case needs) runs on that backend too: every declared difference is
+    checked on its backend. The backend-wide tests (templates, the large file, MCP, and the
+    backend state machine in ``tests/runtime``) run on every backend regardless. The whole matrix,
+    every case in every flavour on every backend, is ``nox -s conformance -- --backend all``; set
     ``E2B_COMPAT_LIVE_EVERY_FLAVOUR=1`` to run it here.
     """
     if os.environ.get("E2B_COMPAT_LIVE_EVERY_FLAVOUR"):
         return
+    others = [name for name in serving_backends() if name != DEFAULT_BACKEND]
+    known = load_known_failures()
     kept, dropped = [], []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         backend, flavour, case = params.get("backend_server"), params.get("flavour"), params.get("case")
-        off_default = isinstance(backend, str) and backend != DEFAULT_BACKEND
-        if off_default and isinstance(case, Case) and flavour != chosen_flavour(case):
-            dropped.append(item)
-            continue
+        if (
+            isinstance(backend, str)
+            and backend != DEFAULT_BACKEND
+            and isinstance(case, Case)
+            and isinstance(flavour, str)
+        ):
+            declared = known_failure(known, backend, case.name, flavour) is not None or bool(
+                explain_missing(managed_features(backend), case=case.name)
+            )
+            if flavour != chosen_flavour(case) or (backend != chosen_backend(case, others) and not declared):
+                dropped.append(item)
+                continue
         kept.append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
