@@ -726,6 +726,22 @@ def checkpoint_spawns(monkeypatch: pytest.MonkeyPatch, verb: str = "checkpoint")
     return checkpoints
 
 
+def cancelled_once_spawned(operation: Coroutine[Any, Any, object], spawned: list[int]) -> None:
+    """Run ``operation``, cancel it on the loop turn after the first noted runtime command started
+    (``checkpoint_spawns``), and see it end cancelled: a server stopping right then."""
+
+    async def go() -> None:
+        task = asyncio.ensure_future(operation)
+        while not spawned:
+            assert not task.done()
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    run(go())
+
+
 @contextlib.contextmanager
 def _killed_afterwards(state_dir: Path, sandbox_id: str) -> Iterator[None]:
     """The sandbox goes at the end whatever the test found: a failed check must not leave it running."""
@@ -750,18 +766,7 @@ def test_a_memory_pause_cancelled_mid_checkpoint_is_recorded_and_resumes(
     with _killed_afterwards(state_dir, "ck8"):
         backend = crun_backend(state_dir)
         pid = _holder(started(backend, "ck8"), "holder-ck8")
-        checkpoints = checkpoint_spawns(monkeypatch)
-
-        async def go() -> None:
-            pausing = asyncio.ensure_future(backend.pause("ck8", memory=True))
-            while not checkpoints:
-                assert not pausing.done()
-                await asyncio.sleep(0)
-            pausing.cancel()  # just after `crun checkpoint` started
-            with pytest.raises(asyncio.CancelledError):
-                await pausing
-
-        run(go())
+        cancelled_once_spawned(backend.pause("ck8", memory=True), checkpoint_spawns(monkeypatch))
         monkeypatch.undo()
         record = backend._record("ck8")
         assert (record.state, record.container) == (State.PAUSED.value, None)
@@ -794,18 +799,7 @@ def test_a_resume_cancelled_mid_restore_leaves_it_paused_and_resumes_one_copy(
         backend = crun_backend(state_dir)
         pid = _holder(started(backend, "ck9"), "holder-ck9")
         run(backend.pause("ck9", memory=True))
-        restores = checkpoint_spawns(monkeypatch, "restore")
-
-        async def go() -> None:
-            resuming = asyncio.ensure_future(backend.resume("ck9"))
-            while not restores:
-                assert not resuming.done()
-                await asyncio.sleep(0)
-            resuming.cancel()  # just after `crun restore` started
-            with pytest.raises(asyncio.CancelledError):
-                await resuming
-
-        run(go())
+        cancelled_once_spawned(backend.resume("ck9"), checkpoint_spawns(monkeypatch, "restore"))
         monkeypatch.undo()
         record = backend._record("ck9")
         assert (record.state, record.container) == (State.PAUSED.value, None)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
 import pytest
 
 from conformance._cases import Case, cases
 from conformance._gate import KnownFailure, load_known_failures
 
+from ._items import CallSpec, Item
 from ._known_failures import known_failure, mark_known_failures
 
 PTY = "envd/pty/session"
@@ -32,20 +32,6 @@ def test_an_entry_for_every_backend_applies_unless_the_backend_has_its_own() -> 
     assert known_failure(ENTRIES, "docker", "envd/files/metadata", "js") == ENTRIES[2]
 
 
-@dataclass
-class _CallSpec:
-    params: dict[str, Any]
-
-
-@dataclass
-class _Item:
-    callspec: _CallSpec
-    markers: list[pytest.MarkDecorator] = field(default_factory=list)
-
-    def add_marker(self, marker: pytest.MarkDecorator) -> None:
-        self.markers.append(marker)
-
-
 def _case(name: str) -> Case:
     return next(
         case for family in ("envd", "sandbox", "interpreter", "volume") for case in cases(family) if case.name == name
@@ -55,10 +41,10 @@ def _case(name: str) -> Case:
 def test_only_the_listed_backend_s_case_is_a_strict_xfail() -> None:
     pty = _case(PTY)
     items = [
-        _Item(_CallSpec({"backend_server": backend, "flavour": "py-sync", "case": pty}))
+        Item(CallSpec({"backend_server": backend, "flavour": "py-sync", "case": pty}))
         for backend in ("crun", "gvisor", "docker")
     ]
-    items.append(_Item(_CallSpec({"flavour": "py-sync", "case": pty})))  # not a live case: no backend
+    items.append(Item(CallSpec({"flavour": "py-sync", "case": pty})))  # not a live case: no backend
     assert mark_known_failures(cast(list[pytest.Item], items), ENTRIES) == 1
     assert [len(item.markers) for item in items] == [0, 1, 0, 0]
     (mark,) = items[1].markers

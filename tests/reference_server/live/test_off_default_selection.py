@@ -14,20 +14,11 @@ from conformance._gate import load_known_failures
 from runtime.backends import DEFAULT_BACKEND, serving_backends
 
 from ._default_run import chosen_backend, chosen_flavour
+from ._items import CallSpec, Item
 from ._known_failures import known_failure
 from .conftest import one_run_off_the_default
 
 FAMILIES = ("envd", "sandbox", "interpreter", "volume")
-
-
-@dataclass
-class _CallSpec:
-    params: dict[str, Any]
-
-
-@dataclass
-class _Item:
-    callspec: _CallSpec
 
 
 @dataclass
@@ -43,10 +34,10 @@ class _Config:
     hook: _Hook = field(default_factory=_Hook)
 
 
-def _every_run() -> list[_Item]:
+def _every_run() -> list[Item]:
     """One item per case, flavour and serving backend: what the live tests collect, and more."""
     return [
-        _Item(_CallSpec({"backend_server": backend, "flavour": flavour, "case": case}))
+        Item(CallSpec({"backend_server": backend, "flavour": flavour, "case": case}))
         for family in FAMILIES
         for case in cases(family)
         for flavour in sorted(case.flavours)
