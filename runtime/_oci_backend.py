@@ -651,6 +651,9 @@ class OciBackend:
             return self._info(record)
 
     async def _boot(self, record: Record) -> None:
+        # What a boot cut short left on record (its caller cancelled once the runtime's create
+        # ended): stopped, not overwritten, so its processes never run on beside the new ones.
+        await self._stop_container(record)
         home = self._home(record.sandbox_id)
         container = f"e2b-{record.sandbox_id}-{secrets.token_hex(3)}"
         record.container = container

@@ -330,6 +330,17 @@ def _command_lines() -> list[str]:
     return lines
 
 
+def _containers(state_dir: Path, sandbox_id: str) -> list[str]:
+    """The runtime's containers of ``sandbox_id`` under the backend's state folder."""
+    listed = subprocess.run(
+        [_crun_executable(), "--root", str(state_dir / "crun"), "list", "-q"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    return [name for name in listed if name.startswith(f"e2b-{sandbox_id}-")]
+
+
 def _leftovers(state_dir: Path, ids: list[str]) -> list[str]:
     found = []
     mounts = Path("/proc/mounts").read_text()
@@ -349,13 +360,7 @@ def _leftovers(state_dir: Path, ids: list[str]) -> list[str]:
         net = _network.plan(sandbox_id, _network.AddressPool().allocate(set()))
         if any(_network.exists(net).values()):
             found.append(f"network of {sandbox_id}")
-    crun_state = subprocess.run(
-        [_crun_executable(), "--root", str(state_dir / "crun"), "list", "-q"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.split()
-    found += [f"container {c}" for c in crun_state if any(f"e2b-{i}-" in c for i in ids)]
+    found += [f"container {c}" for sandbox_id in ids for c in _containers(state_dir, sandbox_id)]
     return found
 
 
@@ -751,7 +756,10 @@ def _killed_afterwards(state_dir: Path, sandbox_id: str) -> Iterator[None]:
         backend = crun_backend(state_dir)
         with contextlib.suppress(Exception):  # gone already, as a passing test leaves it
             run(backend.kill(sandbox_id))
-        run(backend.reconcile())  # and a container no record names (what a cut-short restore may leave)
+        for name in _containers(state_dir, sandbox_id):  # one no record names: what a leak left
+            runtime = [_crun_executable(), "--root", str(state_dir / "crun")]
+            subprocess.run([*runtime, "delete", "--force", name], capture_output=True, check=False)
+        run(backend.reconcile())
 
 
 def test_a_memory_pause_cancelled_mid_checkpoint_is_recorded_and_resumes(
@@ -845,6 +853,45 @@ def test_a_reconcile_ends_a_restore_that_a_killed_server_left_and_resumes_one_co
         assert _holders("holder-ck10") == 1
         assert run(second.kill("ck10"))
         assert _leftovers(state_dir, ["ck10"]) == []
+
+
+async def _resumed_within(backend: CrunBackend, state_dir: Path, sandbox_id: str, seconds: float) -> None:
+    """``resume``, failing the test after ``seconds``. A boot beside a container left running waits
+    for good (its log writer on the log's lock, which the other container's writer holds, in a
+    worker thread that the loop's close would wait for too): the containers go first, which frees
+    the lock and lets the resume end, and then the test fails.
+    """
+    resuming = asyncio.ensure_future(backend.resume(sandbox_id))
+    done, _ = await asyncio.wait({resuming}, timeout=seconds)
+    if not done:
+        for name in _containers(state_dir, sandbox_id):
+            runtime = [_crun_executable(), "--root", str(state_dir / "crun")]
+            subprocess.run([*runtime, "delete", "--force", name], capture_output=True, check=False)
+        with contextlib.suppress(Exception):
+            await resuming
+        pytest.fail(f"resuming {sandbox_id} did not end within {seconds} s")
+    await resuming
+
+
+def test_a_boot_cancelled_mid_way_is_not_left_running_beside_the_next(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume that boots (after a filesystem pause), cancelled once `crun create` started: the
+    container it made stays on record, and the next boot stops it first. Before, the next boot
+    overwrote the name and never finished: its log writer waited on the sandbox's log lock, held
+    by the first container's writer, while holding the sandbox's own lock.
+    """
+    with _killed_afterwards(state_dir, "bt1"):
+        backend = crun_backend(state_dir)
+        started(backend, "bt1")
+        run(backend.pause("bt1", memory=False))
+        cancelled_once_spawned(backend.resume("bt1"), checkpoint_spawns(monkeypatch, "create"))
+        monkeypatch.undo()
+        assert backend._record("bt1").container is not None, "the cut-short boot's container is on record"
+        run(_resumed_within(backend, state_dir, "bt1", 60))
+        assert len(_containers(state_dir, "bt1")) == 1
+        assert run(backend.kill("bt1"))
+        assert _leftovers(state_dir, ["bt1"]) == []
 
 
 def test_a_restore_that_fails_boots_the_sandbox_afresh_on_its_files(backend: CrunBackend) -> None:
