@@ -863,8 +863,8 @@ class OciBackend:
             raise BackendError(f"{exc}{_criu_errors(kept)}") from None
         except asyncio.CancelledError:
             # The restore ran to its end first (``crun._finished``). What it brought back goes, so
-            # the images are again the only copy of those processes: a resume's images restore
-            # once, where a container left running beside them would become a second copy.
+            # the images are again the only copy of those processes. Left running, it would hold
+            # the log's lock, and the next resume's restore would wait for it for good.
             await self._stop_container(record)
             raise
 
@@ -1468,7 +1468,8 @@ class OciBackend:
         if state is State.PAUSED and record.memory is not None and record.container is not None:
             # A resume's restore cut short: a server killed while it resumed, whose `crun restore`
             # ran on in its own session. The images are still the sandbox's own, so that container
-            # goes, and the next resume restores them once instead of running a second copy.
+            # goes and the next resume restores them once (kept, its log writer's lock would hold
+            # that resume for good).
             self._runtime.delete(record.container)
             record.container = None
             self._save(record)

@@ -800,7 +800,8 @@ def test_a_resume_cancelled_mid_restore_leaves_it_paused_and_resumes_one_copy(
     """A server stopping while a resume restores: the restore ends first, then its container goes.
 
     Before, the record stayed paused with its images beside the running restored container, and
-    the next resume restored the images again: two copies of the tenant's processes.
+    the next resume's restore waited for good on the log's lock, which that container's log
+    writer held (without the lock, it would have run a second copy of the tenant's processes).
     """
     _needs_checkpoints()
     with _killed_afterwards(state_dir, "ck9"):
@@ -824,8 +825,8 @@ def test_a_resume_cancelled_mid_restore_leaves_it_paused_and_resumes_one_copy(
 def test_a_reconcile_ends_a_restore_that_a_killed_server_left_and_resumes_one_copy(state_dir: Path) -> None:
     """A server killed while it resumes: `crun restore` runs on in its own session, and the record
     names both the images and the restored container. The next server's reconcile stops that
-    container; its resume restores the images once. Before, it kept the container and the resume
-    restored a second copy beside it.
+    container; its resume restores the images once. Before, reconcile kept the container and
+    plugged it back in, and the next resume waited for good on that container's log lock.
     """
     _needs_checkpoints()
     with _killed_afterwards(state_dir, "ck10"):

@@ -60,9 +60,9 @@ def one_run_off_the_default(config: pytest.Config, items: list[pytest.Item]) -> 
 
     Which client sends a request is the harness's concern and is tried on the default backend in
     every flavour; what a backend changes shows in any one flavour, and in most cases on either
-    backend. So the flavour (``chosen_flavour``) and the backend (``chosen_backend``) rotate over
-    the scenarios: each client meets every backend, and each backend runs about its share of every
-    family of cases. A case that a backend says something of (a known failure there, or a
+    backend. So the flavour rotates over the scenarios (``chosen_flavour``) and the backend over
+    the cases (``chosen_backend``): each client meets every backend, and each backend runs about
+    its share of every family of cases. A case that a backend says something of (a known failure there, or a
     feature it lacks that the case needs) runs on that backend too: every declared difference is
     checked on its backend. The backend-wide tests (templates, the large file, MCP, and the
     backend state machine in ``tests/runtime``) run on every backend regardless. The whole matrix,
