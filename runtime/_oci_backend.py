@@ -650,13 +650,20 @@ class OciBackend:
                 self._save(record)
             return self._info(record)
 
-    async def _boot(self, record: Record) -> None:
-        # What a boot cut short left on record (its caller cancelled once the runtime's create
-        # ended): stopped, not overwritten, so its processes never run on beside the new ones.
+    async def _new_container(self, record: Record) -> str:
+        """A new container's name for the sandbox, put on its record (not yet saved).
+
+        What a boot or restore cut short left there (its caller cancelled once the runtime's
+        command ended) is stopped first, not overwritten: its log writer holds the sandbox's log
+        lock while it lives, and the new container's would wait on it for good.
+        """
         await self._stop_container(record)
+        record.container = f"e2b-{record.sandbox_id}-{secrets.token_hex(3)}"
+        return record.container
+
+    async def _boot(self, record: Record) -> None:
         home = self._home(record.sandbox_id)
-        container = f"e2b-{record.sandbox_id}-{secrets.token_hex(3)}"
-        record.container = container
+        container = await self._new_container(record)
         self._save(record)
         log = home / "logs" / "sandbox.log"
         assert record.network is not None
@@ -832,8 +839,7 @@ class OciBackend:
         """
         assert record.network is not None
         home = self._home(record.sandbox_id)
-        container = f"e2b-{record.sandbox_id}-{secrets.token_hex(3)}"
-        record.container = container
+        container = await self._new_container(record)
         record.memory = str(images)
         self._save(record)
         log = home / "logs" / "sandbox.log"

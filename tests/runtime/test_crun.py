@@ -341,6 +341,13 @@ def _containers(state_dir: Path, sandbox_id: str) -> list[str]:
     return [name for name in listed if name.startswith(f"e2b-{sandbox_id}-")]
 
 
+def _delete_containers(state_dir: Path, sandbox_id: str) -> None:
+    """Every container of ``sandbox_id`` deleted through the runtime, whether a record names it or not."""
+    for name in _containers(state_dir, sandbox_id):
+        runtime = [_crun_executable(), "--root", str(state_dir / "crun")]
+        subprocess.run([*runtime, "delete", "--force", name], capture_output=True, check=False)
+
+
 def _leftovers(state_dir: Path, ids: list[str]) -> list[str]:
     found = []
     mounts = Path("/proc/mounts").read_text()
@@ -756,9 +763,7 @@ def _killed_afterwards(state_dir: Path, sandbox_id: str) -> Iterator[None]:
         backend = crun_backend(state_dir)
         with contextlib.suppress(Exception):  # gone already, as a passing test leaves it
             run(backend.kill(sandbox_id))
-        for name in _containers(state_dir, sandbox_id):  # one no record names: what a leak left
-            runtime = [_crun_executable(), "--root", str(state_dir / "crun")]
-            subprocess.run([*runtime, "delete", "--force", name], capture_output=True, check=False)
+        _delete_containers(state_dir, sandbox_id)  # one no record names: what a leak left
         run(backend.reconcile())
 
 
@@ -865,9 +870,7 @@ async def _resumed_within(backend: CrunBackend, state_dir: Path, sandbox_id: str
     resuming = asyncio.ensure_future(backend.resume(sandbox_id))
     done, _ = await asyncio.wait({resuming}, timeout=seconds)
     if not done:
-        for name in _containers(state_dir, sandbox_id):
-            runtime = [_crun_executable(), "--root", str(state_dir / "crun")]
-            subprocess.run([*runtime, "delete", "--force", name], capture_output=True, check=False)
+        _delete_containers(state_dir, sandbox_id)
         with contextlib.suppress(Exception):
             await resuming
         pytest.fail(f"resuming {sandbox_id} did not end within {seconds} s")
