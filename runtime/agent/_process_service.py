@@ -65,7 +65,11 @@ async def _events(
             if wait <= 0:
                 raise AgentError(ErrorKind.DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
             try:
-                event = await asyncio.wait_for(queue.get(), wait)
+                if queue.empty():
+                    async with asyncio.timeout(wait):
+                        event = await queue.get()
+                else:
+                    event = queue.get_nowait()
             except TimeoutError:
                 if deadline is None or loop.time() < deadline:
                     yield pb.ProcessEvent(keepalive=pb.ProcessEvent.KeepAlive())

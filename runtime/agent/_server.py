@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import socket
+from typing import cast
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -16,6 +17,7 @@ from ._memory import randomize_children, share_startup_memory
 from ._ready import signal_ready, take_ready_fd
 from ._services import Service, ServiceSet
 from ._state import AgentState
+from ._write_batch import BatchedWrites
 
 DEFAULT_HOSTS = ("0.0.0.0",)  # noqa: S104 - inside a sandbox the agent must be reachable from the host
 DEFAULT_PORT = ENVD_PORT
@@ -23,19 +25,21 @@ KEEPALIVE_S = 640
 
 
 class NoDelayH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with Nagle's algorithm off on every connection.
+    """uvicorn's h11 protocol with Nagle's algorithm off, and the small writes of a few loop passes joined.
 
     uvicorn writes a response's head and body separately; with Nagle on, the body waits for
     the acknowledgement of the head, which the client delays by up to 40 ms. asyncio turns
     Nagle off for the connections it accepts itself, but not for those accepted on sockets
-    handed to it, which is how the agent listens (several addresses, one server).
+    handed to it, which is how the agent listens (several addresses, one server). With Nagle
+    off each write is a packet of its own: ``BatchedWrites`` sends the small writes of a few
+    passes of the event loop as one (``_write_batch``).
     """
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        super().connection_made(transport)  # type: ignore[arg-type]
+        super().connection_made(BatchedWrites(cast(asyncio.Transport, transport), self.loop))
 
 
 class _SignallingServer(uvicorn.Server):
