@@ -128,7 +128,8 @@ class ContainerRuntime(Protocol):
     ``delete`` kills and removes a container, and is fine with one that is already gone; it
     waits first for a CRIU that holds the container (a checkpoint a killed server left running);
     ``status`` is the runtime's word for a container's state (``created``, ``running``,
-    ``paused``, ``stopped``), or None when it does not know it. These two block: the backend
+    ``paused``, ``stopped``), or None when it does not know it; ``container_names`` lists every
+    container under its root (``BackendError`` when it cannot). These three block: the backend
     calls them from worker threads. The others run in a process group of their own and never
     outlive their caller: one cancelled meanwhile (a server stopping) waits for the command
     first, since the sandbox's lock goes with it, and a command past its bound is ended with
@@ -154,6 +155,8 @@ class ContainerRuntime(Protocol):
     def delete(self, container: str) -> None: ...
 
     def status(self, container: str) -> str | None: ...
+
+    def container_names(self) -> list[str]: ...
 
     def pid(self, container: str) -> int: ...
 
@@ -658,7 +661,7 @@ class OciBackend:
         lock while it lives, and the new container's would wait on it for good.
         """
         await self._stop_container(record)
-        record.container = f"e2b-{record.sandbox_id}-{secrets.token_hex(3)}"
+        record.container = _container_name(record.sandbox_id)
         return record.container
 
     async def _boot(self, record: Record) -> None:
@@ -1389,6 +1392,13 @@ class OciBackend:
                     await self._runtime.thaw(record.container)
 
     def _reconcile(self) -> ReconcileReport:
+        # Listed before any record is read: a container is named on its record before it is made,
+        # so one made after this listing is not in it, and one in it has its record on disk.
+        try:
+            listed = self._runtime.container_names()
+        except BackendError as exc:
+            _log.warning("could not list the runtime's containers: %s", exc)
+            listed = []
         adopted: list[str] = []
         cleaned: list[str] = [*self._remove_partial_snapshots()]
         stopped: list[str] = []
@@ -1435,6 +1445,7 @@ class OciBackend:
                 kept_subnets.add((str(net.subnet), record.sandbox_id))
             if record.ids is not None:
                 kept_ids.add((record.ids, record.sandbox_id))
+        cleaned += self._delete_unnamed_containers(listed)
         for id_lease in self._ids.leases():  # as for addresses below: ours no record holds, a gone folder's
             mine = id_lease.owner == self._owner
             if (id_lease.base, id_lease.key) not in kept_ids if mine else not Path(id_lease.owner).is_dir():
@@ -1452,6 +1463,35 @@ class OciBackend:
             self._release_snapshot(mark.parent.name, drop=False)
         cleaned += self._drop_released_snapshots()  # after the records: a quarantined sandbox's stays
         return ReconcileReport(tuple(adopted), tuple(cleaned), tuple(stopped), self._failed())
+
+    def _delete_unnamed_containers(self, listed: Iterable[str]) -> tuple[str, ...]:
+        """Delete the sandbox containers of ``listed`` that no record names; their names.
+
+        A sandbox has at most one container, the one its record names (``_new_container`` stops
+        the one before). Any other is what a start or restore left that nothing stopped: a
+        server killed in the middle, a record removed while its container outlived a failed
+        delete. Its processes would hold the sandbox's log lock and memory for good. Left alone:
+        names that are not a sandbox's, and a sandbox whose record cannot be read (the operator's).
+        """
+        records = {record.sandbox_id: record for record in self._records()}
+        deleted: list[str] = []
+        for name in listed:
+            sandbox_id = _sandbox_of_container(name)
+            if sandbox_id is None:
+                continue
+            record = records.get(sandbox_id)
+            if record is None and (self._home(sandbox_id) / "record.json").exists():
+                continue
+            if record is not None and record.container == name:
+                continue
+            try:
+                self._runtime.delete(name)
+            except (SandboxRuntimeError, OSError, subprocess.SubprocessError) as exc:
+                _log.warning("could not delete container %s, which no sandbox names: %s", name, exc)
+                continue
+            _log.info("deleted container %s, which no sandbox names", name)
+            deleted.append(name)
+        return tuple(deleted)
 
     def _remove_partial_snapshots(self) -> tuple[str, ...]:
         """A snapshot is copied into ``.snap-*.build`` and renamed when complete: a crash leaves the copy."""
@@ -1653,6 +1693,20 @@ class OciBackend:
         if not folder.is_dir():
             return ()
         return tuple(sorted({entry.name.split(".")[0] for entry in folder.iterdir() if entry.is_dir()}))
+
+
+def _container_name(sandbox_id: str) -> str:
+    """A new container's name: the sandbox's, and a part of its own (a sandbox has many in its life)."""
+    return f"e2b-{sandbox_id}-{secrets.token_hex(3)}"
+
+
+def _sandbox_of_container(name: str) -> str | None:
+    """The sandbox id in a name ``_container_name`` made, else None."""
+    prefix, _, rest = name.partition("-")
+    sandbox_id, _, suffix = rest.rpartition("-")
+    if prefix != "e2b" or not sandbox_id or len(suffix) != 6 or not all(c in "0123456789abcdef" for c in suffix):
+        return None
+    return sandbox_id
 
 
 async def _both(first: Awaitable[None], second: Awaitable[None]) -> None:

@@ -240,6 +240,12 @@ class CrunCommand:
     def _call(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(self.argv(*args), capture_output=True, text=True, check=False, env=self.env)
 
+    def container_names(self) -> list[str]:
+        proc = self._call("list", "--quiet")
+        if proc.returncode != 0:
+            raise BackendError(f"{self.name} list failed: {proc.stderr.strip()[-300:]}")
+        return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+
     def status(self, container: str) -> str | None:
         proc = self._call("state", container)
         if proc.returncode != 0:

@@ -266,6 +266,27 @@ def test_reconcile_after_a_crash(state_dir: Path) -> None:
     assert run(second.kill("rc2"))
 
 
+def test_reconcile_deletes_a_container_no_record_names(state_dir: Path) -> None:
+    """A container whose record lost it (a start or restore a killed server left): its processes
+    would run on unseen, holding the sandbox's log lock against its next start."""
+    first = crun_backend(state_dir)
+    started(first, "uc1")
+    record = first._record("uc1")
+    leftover = record.container
+    assert leftover is not None
+    record.container = None
+    first._save(record)
+    with _killed_afterwards(state_dir, "uc1"):
+        second = crun_backend(state_dir)  # a new server process
+        assert leftover in second._runtime.container_names()
+        report = run(second.reconcile())
+        assert leftover in report.cleaned
+        assert "uc1" in report.stopped, "its processes ended with the container"
+        assert _containers(state_dir, "uc1") == []
+        assert run(second.resume("uc1")).state is State.RUNNING  # afresh, on its files
+        assert _containers(state_dir, "uc1") == [second._record("uc1").container]
+
+
 def _reboot(backend: CrunBackend, ids: list[str]) -> None:
     """What a host restart does to these sandboxes (and nothing else's): processes, mounts, networks,
     the runtime's state and the host registries' leases (in /run) all gone; the files stay."""

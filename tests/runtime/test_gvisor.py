@@ -369,6 +369,9 @@ class FakeRunsc:
     def status(self, container: str) -> str | None:
         return self.state
 
+    def container_names(self) -> list[str]:
+        return []
+
     def delete(self, container: str) -> None:
         self.deleted.append(container)
 

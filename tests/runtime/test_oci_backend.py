@@ -75,6 +75,10 @@ class MemoryRuntime:
     def status(self, container: str) -> str | None:
         return self.containers.get(container)
 
+    def container_names(self) -> list[str]:
+        self._step("list")
+        return list(self.containers)
+
     def pid(self, container: str) -> int:
         assert container in self.containers
         return os.getpid()
@@ -592,6 +596,52 @@ def test_a_memory_paused_sandbox_stays_frozen_through_reconcile(backend: MemoryO
     container = backend._record("p1").container
     assert container is not None
     assert backend.runtime.status(container) == "paused"
+
+
+def test_reconcile_deletes_the_containers_no_record_names_and_nothing_else(backend: MemoryOciBackend) -> None:
+    run(backend.create(spec("c1")))
+    run(backend.start("c1"))
+    run(backend.create(spec("c2")))  # provisioned only: no container yet
+    own = backend._record("c1").container
+    assert own is not None
+    (backend._dir / "sandboxes" / "bad1").mkdir()
+    (backend._dir / "sandboxes" / "bad1" / "record.json").write_text("{not json")
+    left = {
+        "e2b-c1-0a1b2c": "running",  # a second container of c1: a start cut short
+        "e2b-gone1-abcdef": "stopped",  # a sandbox whose record is gone
+        "e2b-c2-123456": "created",  # c2's record names none
+    }
+    kept = {
+        "e2b-bad1-abcdef": "running",  # its record cannot be read: the operator's to look at
+        "operator-box": "running",  # not a sandbox's name
+        "e2b-c1-notahex": "running",
+    }
+    backend.runtime.containers.update(left | kept)
+    report = run(backend.reconcile())
+    assert set(backend.runtime.containers) == {own, *kept}
+    assert set(left) <= set(report.cleaned)
+    assert backend.runtime.status(own) == "running"
+    assert run(backend.inspect("c1")).state is State.RUNNING
+    assert run(backend.inspect("c2")).state is State.CREATED
+    assert run(backend.start("c2")).state is State.RUNNING
+
+
+def test_reconcile_goes_on_when_the_runtime_cannot_list_or_delete(backend: MemoryOciBackend) -> None:
+    run(backend.create(spec("c1")))
+    run(backend.start("c1"))
+    backend.runtime.containers["e2b-gone1-abcdef"] = "running"
+    backend.runtime.fail["delete"] = BackendError("crun delete failed")
+    report = run(backend.reconcile())
+    assert "e2b-gone1-abcdef" in backend.runtime.containers, "kept, and tried again by the next reconcile"
+    assert "e2b-gone1-abcdef" not in report.cleaned
+    assert report.adopted == ("c1",)
+    del backend.runtime.fail["delete"]
+    backend.runtime.fail["list"] = BackendError("crun list failed")
+    report = run(backend.reconcile())
+    assert report.adopted == ("c1",)
+    del backend.runtime.fail["list"]
+    assert "e2b-gone1-abcdef" in run(backend.reconcile()).cleaned
+    assert "e2b-gone1-abcdef" not in backend.runtime.containers
 
 
 def test_a_backend_registers_as_a_user_of_its_templates(tmp_path: Path, no_host: None) -> None:
