@@ -1484,6 +1484,8 @@ class OciBackend:
                 continue
             if record is not None and record.container == name:
                 continue
+            if self._runtime.status(name) is None:
+                continue  # gone meanwhile (a release above deleted it)
             try:
                 self._runtime.delete(name)
             except (SandboxRuntimeError, OSError, subprocess.SubprocessError) as exc:

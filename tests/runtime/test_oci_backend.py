@@ -604,6 +604,11 @@ def test_reconcile_deletes_the_containers_no_record_names_and_nothing_else(backe
     run(backend.create(spec("c2")))  # provisioned only: no container yet
     own = backend._record("c1").container
     assert own is not None
+    run(backend.create(spec("c3")))
+    run(backend.start("c3"))
+    releasing = backend._record("c3")
+    releasing.releasing = True  # a kill a crash cut short: reconcile finishes it, container and all
+    backend._save(releasing)
     (backend._dir / "sandboxes" / "bad1").mkdir()
     (backend._dir / "sandboxes" / "bad1" / "record.json").write_text("{not json")
     left = {
@@ -620,6 +625,8 @@ def test_reconcile_deletes_the_containers_no_record_names_and_nothing_else(backe
     report = run(backend.reconcile())
     assert set(backend.runtime.containers) == {own, *kept}
     assert set(left) <= set(report.cleaned)
+    assert "c3" in report.cleaned
+    assert releasing.container not in report.cleaned, "deleted by the release, not taken for a leftover"
     assert backend.runtime.status(own) == "running"
     assert run(backend.inspect("c1")).state is State.RUNNING
     assert run(backend.inspect("c2")).state is State.CREATED
