@@ -353,12 +353,7 @@ def _command_lines() -> list[str]:
 
 def _containers(state_dir: Path, sandbox_id: str) -> list[str]:
     """The runtime's containers of ``sandbox_id`` under the backend's state folder."""
-    listed = subprocess.run(
-        [_crun_executable(), "--root", str(state_dir / "crun"), "list", "-q"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.split()
+    listed = CrunCommand(_crun_executable(), state_dir / "crun").container_names()
     return [name for name in listed if name.startswith(f"e2b-{sandbox_id}-")]
 
 
