@@ -249,8 +249,10 @@ def test_one_unanswered_state_query_does_not_stop_a_live_sandbox(
 @pytest.mark.artifacts
 def test_pause_memory_keeps_processes_and_filesystem_pause_keeps_files(backend: GvisorBackend) -> None:
     host = started(backend, "gp1")
+    # Written aside and renamed: a read between open('w')'s truncation and the write saw an empty file.
     counter = (
-        "import time\ni = 0\nwhile True:\n    i += 1\n    open('/tmp/n', 'w').write(str(i))\n    time.sleep(0.05)\n"
+        "import os, time\ni = 0\nwhile True:\n    i += 1\n    open('/tmp/n.new', 'w').write(str(i))\n"
+        "    os.replace('/tmp/n.new', '/tmp/n')\n    time.sleep(0.05)\n"
     )
     shell(host, f'nohup python3 -c "{counter}" >/dev/null 2>&1 & echo kept > /home/user/kept.txt')
     time.sleep(0.5)
