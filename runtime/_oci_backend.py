@@ -101,6 +101,7 @@ _LAST_SNAPSHOT = "last-snapshot"  # in a sandbox's folder: its newest snapshot's
 _RELEASED = "released"  # in a snapshot's folder: nobody creates from it again; it goes once nothing stands on it
 _TRANSIENT = "transient"  # in a snapshot's folder: a fork's, released after its creates or at the next reconcile
 _METADATA = "e2b"  # in a bundle: the folder seen read-only at /run/e2b (the sandbox's identity)
+_EMPTY = "empty"  # <state>/empty: the folder bound read-only over masked directories (``_masking``)
 _KILL_ATTEMPTS = 4  # a failing release is tried this often, pausing 0.25, 0.5, 1 s between
 _KILL_BACKOFF_S = 0.25
 QUARANTINE = "quarantine"  # <state>/quarantine/<id>/: what reconcile could not re-create, files kept
@@ -594,8 +595,26 @@ class OciBackend:
             volumes=tuple((target, view) for _source, target, view in self._volume_views(record)),
             open_files=min(_oci.NOFILE_LIMIT, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),
             metadata_dir=str(metadata),
+            **self._masking(),
         )
         (bundle / "config.json").write_text(json.dumps(_oci.config(self._container_plan(plan)), indent=1))
+
+    def _masking(self) -> dict[str, Any]:
+        """How masked directories are hidden: for checkpoints, binds of one empty folder (``_oci.MASKED_PATHS``).
+
+        Only where CRIU checkpoints the sandbox (a bind is external to it, a tmpfs is dumped and
+        restored through tar); the other runtimes keep their own masks. A directory the host
+        lacks is left to the runtime, which skips what is not there.
+        """
+        if not self._runtime_netns:
+            return {}
+        empty = self._dir / _EMPTY
+        if not empty.is_dir():
+            empty.mkdir(mode=0o555, exist_ok=True)
+        return {
+            "masked_dirs": tuple(path for path in _oci.MASKED_PATHS if os.path.isdir(path)),
+            "empty_dir": str(empty),
+        }
 
     def _write_metadata(self, record: Record) -> Path:
         """The files envd keeps in /run/e2b, and the token's hash its metadata service publishes.

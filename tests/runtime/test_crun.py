@@ -31,7 +31,7 @@ import pytest
 from contract.generated.process import process_connect
 from contract.generated.process import process_pb2 as ppb
 from contract.protocol import ENVD_PORT
-from runtime import _checkpoint_tools, _hostfs, _ksm, _network
+from runtime import _checkpoint_tools, _hostfs, _ksm, _network, _oci
 from runtime.backend import Feature, Limits, SandboxSpec, State, TransitionError
 from runtime.crun import CGROUP_PARENT, CrunBackend, CrunCommand, _held_by_criu
 from runtime.host import ksm_counters
@@ -654,10 +654,19 @@ def test_a_memory_pause_writes_the_sandbox_to_disk_and_frees_its_memory(backend:
     assert not Path(f"/sys/fs/cgroup/memory/{CGROUP_PARENT}/ck1").exists(), "its memory is charged nowhere"
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://{host}:{ENVD_PORT}/health", timeout=1)
+    # The masked directories are binds of one empty folder (external to CRIU, no tar of a tmpfs).
+    dumped = (images / "dump.log").read_text()
+    masked = [path for path in _oci.MASKED_PATHS if Path(path).is_dir()]
+    assert masked, "this host has a masked directory to look at"
     info = run(backend.resume("ck1"))
     assert info.host == host, "the same address"
     assert shell(info.host, f"kill -0 {pid} && cat /tmp/ram.txt", fresh_connection=True) == (0, b"in-ram\n", b"")
     assert not images.exists(), "the images go once restored"
+    for path in masked:
+        assert f"Found {path} mapping for .{path} mountpoint" in dumped, f"{path} is an external mount to CRIU"
+        assert not re.search(rf"type tmpfs .* @ \.{re.escape(path)} ", dumped), f"{path} was dumped as a tmpfs"
+        code, out, _ = shell(info.host, f"ls -A {path} | wc -l; touch {path}/x || echo refused", fresh_connection=True)
+        assert (code, out) == (0, b"0\nrefused\n"), f"{path} is empty and read-only after a restore"
     # Twice: a restored sandbox checkpoints again.
     run(backend.pause("ck1", memory=True))
     assert shell(run(backend.resume("ck1")).host or "", f"kill -0 {pid}", fresh_connection=True)[0] == 0

@@ -68,6 +68,24 @@ def test_open_files_sysfs_and_masks() -> None:
     assert "sysctl" not in config["linux"], "crun refuses user.* sysctls as not namespaced"
 
 
+def test_masked_directories_can_be_bound_to_an_empty_folder_instead() -> None:
+    masked = _oci.config(plan())
+    assert masked["linux"]["maskedPaths"] == list(_oci.MASKED_PATHS), "by default the runtime masks them all"
+    assert not [m for m in masked["mounts"] if m["destination"] == "/sys/firmware"]
+    bound = _oci.config(plan(masked_dirs=("/sys/firmware", "/proc/scsi"), empty_dir="/s/empty"))
+    binds = [m for m in bound["mounts"] if m["source"] == "/s/empty"]
+    assert [m["destination"] for m in binds] == ["/sys/firmware", "/proc/scsi"]
+    assert all(m["type"] == "bind" and {"ro", "nosuid", "nodev", "noexec"} <= set(m["options"]) for m in binds)
+    destinations = [m["destination"] for m in bound["mounts"]]
+    assert destinations.index("/sys/firmware") > destinations.index("/sys"), "over the sysfs, not under it"
+    assert destinations.index("/proc/scsi") > destinations.index("/proc")
+    assert "/sys/firmware" not in bound["linux"]["maskedPaths"], "masked once, by the bind"
+    assert "/proc/kcore" in bound["linux"]["maskedPaths"], "files stay the runtime's"
+    assert "/sys/devices/virtual/powercap" in bound["linux"]["maskedPaths"], "a directory not bound stays masked"
+    no_folder = _oci.config(plan(masked_dirs=("/sys/firmware",)))
+    assert no_folder["linux"]["maskedPaths"] == list(_oci.MASKED_PATHS), "no folder given: nothing unmasked"
+
+
 def test_a_namespace_the_runtime_makes_and_the_device_binds_a_checkpoint_needs() -> None:
     joined = _oci.config(plan())
     assert {"type": "network", "path": "/run/netns/x"} in joined["linux"]["namespaces"]
