@@ -595,16 +595,17 @@ class OciBackend:
             volumes=tuple((target, view) for _source, target, view in self._volume_views(record)),
             open_files=min(_oci.NOFILE_LIMIT, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),
             metadata_dir=str(metadata),
-            **self._masking(),
+            **self._masking,
         )
         (bundle / "config.json").write_text(json.dumps(_oci.config(self._container_plan(plan)), indent=1))
 
+    @functools.cached_property
     def _masking(self) -> dict[str, Any]:
         """How masked directories are hidden: for checkpoints, binds of one empty folder (``_oci.MASKED_PATHS``).
 
         Only where CRIU checkpoints the sandbox (a bind is external to it, a tmpfs is dumped and
         restored through tar); the other runtimes keep their own masks. A directory the host
-        lacks is left to the runtime, which skips what is not there.
+        lacks is left to the runtime, which skips what is not there. Host facts: looked at once.
         """
         if not self._runtime_netns:
             return {}
